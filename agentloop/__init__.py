@@ -1,0 +1,1 @@
+"""agentloop: the asyncio AgentLoop runtime that drives inference servers through aprof."""

@@ -1,0 +1,35 @@
+"""aprof: an asyncio-native profiling runtime for LLM agent loops and asynchronous RL training.
+
+The front door: every public name is defined in a private module named for what it holds.
+"""
+
+from aprof._capture import CaptureResult, CaptureTarget, TargetKind, Window
+from aprof._config import ProfilerConfig, load_config
+from aprof._errors import CaptureError, ConfigError
+from aprof._logging import configure_logging
+from aprof._manifest import Manifest, ManifestError, WindowRecord, load_manifest
+from aprof._request import Request
+from aprof._scheduler import Profiler
+from aprof._steps import StepSelection
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CaptureError",
+    "CaptureResult",
+    "CaptureTarget",
+    "ConfigError",
+    "Manifest",
+    "ManifestError",
+    "Profiler",
+    "ProfilerConfig",
+    "Request",
+    "StepSelection",
+    "TargetKind",
+    "Window",
+    "WindowRecord",
+    "__version__",
+    "configure_logging",
+    "load_config",
+    "load_manifest",
+]

@@ -1,0 +1,74 @@
+"""What a capture target is, and the values exchanged with it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol, runtime_checkable
+
+TargetKind = Literal["rollout", "role"]
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """One capture of one target for one global step."""
+
+    step: int
+    """The global step (for a continuous role window, the first step of the run)."""
+    target: str
+    """The target's name."""
+    kind: TargetKind
+    """``rollout`` for an inference-server replica, ``role`` for engine workers."""
+    delay: int
+    """Engine forward steps to skip before capturing (rollout windows)."""
+    forward_steps: int | None
+    """Engine forward steps to capture, ``None`` for "until the step ends"."""
+    dir: Path
+    """The directory this capture writes into; it exists and lies inside ``save_path``."""
+    prefix: str
+    """A unique, path-safe file-name prefix for this capture."""
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureResult:
+    """What a target reports when it stops a capture."""
+
+    files: tuple[Path, ...] = ()
+    """Files the capture produced (absolute, or relative to ``save_path``)."""
+    forward_steps: int | None = None
+    """Engine forward steps the capture saw, ``None`` if unknown."""
+    auto_stopped: bool = False
+    """The target (the server) had already ended the capture on its own."""
+    note: str | None = None
+    """Anything the reader of the manifest should know about this capture."""
+
+
+@runtime_checkable
+class CaptureTarget(Protocol):
+    """Anything that can start and stop one capture at a time.
+
+    Role targets may also carry ``role: str`` (defaults to ``name``) and ``rank: int``
+    (the worker rank they capture; without it the target writes one ``rank_<k>`` folder
+    per rank under the role folder itself), and ``tool: str`` (defaults to the
+    configured ``global_profiler.tool``).
+    """
+
+    name: str
+    """Unique and path-safe: ``replica_0``, ``actor``."""
+    kind: TargetKind
+    replica: int | None
+    """The replica a rollout target serves; ``None`` for role targets."""
+    enforces_window: bool
+    """True when the target itself skips ``delay`` and stops after ``forward_steps``."""
+
+    async def start(self, window: Window) -> None:
+        """Start the capture of ``window``; raise on failure."""
+        ...
+
+    async def stop(self, window: Window) -> CaptureResult:
+        """Stop the capture of ``window`` (a no-op for one the target ended itself)."""
+        ...
+
+    async def forward_steps(self) -> int | None:
+        """The engine's forward-step counter, ``None`` if unknown."""
+        ...

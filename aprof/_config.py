@@ -1,0 +1,724 @@
+"""aprof's configuration: pydantic models, loading, error messages and the verl mapping."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args, get_origin
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    Strict,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import ErrorDetails
+
+from aprof._errors import ConfigError
+from aprof._steps import StepSelection, _is_int, _show
+
+# ---------------------------------------------------------------------------------------------
+# Field types
+# ---------------------------------------------------------------------------------------------
+
+# Strict: YAML already yields real ints and bools; `ranks: [true]` or `delay: 1.5` is a mistake.
+StrictBool = Annotated[bool, Strict()]
+PositiveInt = Annotated[int, Strict(), Field(gt=0)]
+NonNegativeInt = Annotated[int, Strict(), Field(ge=0)]
+Seconds = Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)]
+
+
+def _parse_steps(value: object) -> StepSelection:
+    # key="" makes error keys relative ("[2]", ".every"); the converter prefixes the field path.
+    return StepSelection.parse(value, key="")
+
+
+Steps = Annotated[
+    StepSelection,
+    PlainValidator(_parse_steps),
+    PlainSerializer(lambda steps: steps.to_config()),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "null"},
+                {"type": "integer", "minimum": 1},
+                {"type": "array", "items": {"type": "integer", "minimum": 1}},
+                {"type": "string", "examples": ["1-3,5"]},
+                {"type": "object", "properties": {"every": {"type": "integer", "minimum": 1}}},
+            ]
+        }
+    ),
+]
+
+
+def _non_empty_path(value: object) -> object:
+    if isinstance(value, str) and not value.strip():
+        raise ConfigError("", "must not be empty")
+    return value
+
+
+NonEmptyPath = Annotated[Path, BeforeValidator(_non_empty_path)]
+
+
+def _indices(what: str) -> Callable[[object], object]:
+    """A before-validator for a list of distinct indices >= 0 (ranks, replicas)."""
+
+    def check(value: object) -> object:
+        if what == "replica" and value == "all":
+            return value
+        if not isinstance(value, list | tuple):
+            expected = "'all' or a list of replica indices" if what == "replica" else "a list"
+            raise ConfigError("", f"expected {expected}, got {_show(value)}")
+        seen: set[int] = set()
+        for i, item in enumerate(value):
+            if not _is_int(item) or item < 0:
+                raise ConfigError(f"[{i}]", f"expected a {what} index >= 0, got {_show(item)}")
+            if item in seen:
+                raise ConfigError(f"[{i}]", f"{what} {item} is listed twice")
+            seen.add(item)
+        return list(value)
+
+    return check
+
+
+def _distinct_nonempty(values: list[str]) -> list[str]:
+    if not values:
+        raise ConfigError("", "must list at least one item")
+    for i, value in enumerate(values):
+        if value in values[:i]:
+            raise ConfigError(f"[{i}]", f"{value!r} is listed twice")
+    return values
+
+
+TorchContent = Literal["cpu", "cuda", "shapes", "stack", "memory"]
+NPUContent = Literal["npu", "cpu", "memory", "shapes", "module", "stack"]
+TORCH_CONTENTS: tuple[TorchContent, ...] = get_args(TorchContent)
+NPU_CONTENTS: tuple[NPUContent, ...] = get_args(NPUContent)
+_TORCH_DEFAULT: tuple[TorchContent, ...] = ("cpu", "cuda")
+_NPU_DEFAULT: tuple[NPUContent, ...] = ("npu", "cpu")
+_ROLE_NAME = re.compile(r"[A-Za-z0-9_-]+", re.ASCII)
+
+
+class _Model(BaseModel):
+    """Base of every config section: unknown keys rejected, values immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_sections(cls, data: Any) -> Any:
+        # `rollout:` with every child commented out reads as null in YAML: treat it as empty.
+        if isinstance(data, Mapping):
+            sections = {name for name, info in cls.model_fields.items() if _is_section(info)}
+            return {k: {} if v is None and k in sections else v for k, v in data.items()}
+        return data
+
+
+def _is_section(info: Any) -> bool:
+    annotation = info.annotation
+    return get_origin(annotation) is dict or (
+        isinstance(annotation, type) and issubclass(annotation, BaseModel)
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Models
+# ---------------------------------------------------------------------------------------------
+
+
+class GlobalProfilerConfig(_Model):
+    """Which steps are profiled, with which tool, and where the output goes."""
+
+    tool: Literal["torch", "npu", "nsys", "torch_memory"] = Field(
+        "torch", description="Capture tool of rollout servers and engine workers."
+    )
+    steps: Steps = Field(
+        default_factory=StepSelection,
+        description="Selected 1-based global steps: list, range string '1-3,5', {every: k}.",
+    )
+    save_path: NonEmptyPath = Field(
+        Path("outputs/profile"), description="Root of every output (traces, manifest)."
+    )
+    continuous: StrictBool = Field(
+        False,
+        validation_alias=AliasChoices("continuous", "profile_continuous_steps"),
+        description="Role windows span a run of consecutive selected steps.",
+    )
+    wait_for_stops: StrictBool = Field(
+        False, description="A step's exit waits until its captures have stopped."
+    )
+    max_window_bytes: PositiveInt = Field(
+        2 * 1024**3, description="A window whose files exceed this many bytes is flagged."
+    )
+
+
+class RolloutConfig(_Model):
+    """Capture windows of the inference servers (per step and replica)."""
+
+    enable: StrictBool = Field(True, description="Profile rollout replicas at all.")
+    replicas: Annotated[list[int] | Literal["all"], BeforeValidator(_indices("replica"))] = Field(
+        default_factory=lambda: [0], description="Replica indices to profile, or 'all'."
+    )
+    start: Literal["on_first_request", "on_step"] = Field(
+        "on_first_request", description="Open on the step's first request, or at step start."
+    )
+    delay: NonNegativeInt = Field(0, description="Engine forward steps skipped after start.")
+    forward_steps: PositiveInt | None = Field(
+        8, description="Engine forward steps captured; null = until the step ends."
+    )
+
+    def selects(self, replica: int) -> bool:
+        """True if rollout profiling is enabled and `replica` is one of the profiled ones."""
+        return self.enable and (self.replicas == "all" or replica in self.replicas)
+
+
+class RoleConfig(_Model):
+    """Captures of one engine-worker role (actor, ref, critic, ...)."""
+
+    enable: StrictBool = Field(True, description="Profile this role at all.")
+    all_ranks: StrictBool = Field(False, description="Profile every rank (ignores `ranks`).")
+    ranks: Annotated[list[int], BeforeValidator(_indices("rank"))] = Field(
+        default_factory=lambda: [0], description="Ranks to profile; [] means rank 0."
+    )
+    discrete: StrictBool = Field(
+        False, description="One capture per annotated stage instead of one per step."
+    )
+
+    @field_validator("ranks")
+    @classmethod
+    def _empty_is_rank_0(cls, ranks: list[int]) -> list[int]:
+        # verl reads an empty rank list as rank 0; resolve it so printed configs say so.
+        return ranks or [0]
+
+    def selects(self, rank: int) -> bool:
+        """True if this role is enabled and `rank` is one of its profiled ranks."""
+        return self.enable and (self.all_ranks or rank in self.ranks)
+
+
+class TorchToolConfig(_Model):
+    """torch.profiler options."""
+
+    contents: Annotated[list[TorchContent], AfterValidator(_distinct_nonempty)] = Field(
+        default_factory=lambda: list(_TORCH_DEFAULT),
+        description="Activities and extras: cpu, cuda, shapes, stack, memory.",
+    )
+    gzip: StrictBool = Field(True, description="Write traces as .json.gz.")
+
+
+class NPUToolConfig(_Model):
+    """torch_npu profiler options."""
+
+    level: Literal["level_none", "level0", "level1", "level2"] = Field(
+        "level0", description="Collection level."
+    )
+    contents: Annotated[list[NPUContent], AfterValidator(_distinct_nonempty)] = Field(
+        default_factory=lambda: list(_NPU_DEFAULT),
+        description="npu, cpu, memory, shapes, module, stack.",
+    )
+    analysis: StrictBool = Field(False, description="Parse the data right after capture.")
+
+
+class NsysToolConfig(_Model):
+    """Nsight Systems options."""
+
+    trace: Annotated[list[str], AfterValidator(_distinct_nonempty)] = Field(
+        default_factory=lambda: ["cuda", "nvtx"], description="nsys --trace APIs."
+    )
+    output_dir: NonEmptyPath | None = Field(
+        None, description="Where nsys writes reports; null = under save_path."
+    )
+
+
+class TorchMemoryToolConfig(_Model):
+    """CUDA caching-allocator history options."""
+
+    max_entries: PositiveInt = Field(100_000, description="Allocator events kept.")
+    stack_depth: PositiveInt = Field(32, description="Frames recorded per event.")
+    snapshot_on_oom: StrictBool = Field(False, description="Dump a snapshot on OOM.")
+
+
+class ToolConfig(_Model):
+    """Per-tool options; only the selected tool's block is used."""
+
+    torch: TorchToolConfig = Field(default_factory=TorchToolConfig)
+    npu: NPUToolConfig = Field(default_factory=NPUToolConfig)
+    nsys: NsysToolConfig = Field(default_factory=NsysToolConfig)
+    torch_memory: TorchMemoryToolConfig = Field(default_factory=TorchMemoryToolConfig)
+
+
+class TimeoutsConfig(_Model):
+    """Bounds of every wait, in seconds (all > 0)."""
+
+    connect_s: Seconds = Field(5.0, description="HTTP connect timeout.")
+    start_s: Seconds = Field(30.0, description="Starting one capture; gated requests wait this.")
+    stop_s: Seconds = Field(600.0, description="Stopping one capture (flushing large traces).")
+    poll_s: Seconds = Field(0.05, description="Forward-step counter poll interval.")
+
+
+class LogConfig(_Model):
+    """aprof's own log output."""
+
+    format: Literal["console", "json"] = Field("console", description="Console or JSON lines.")
+    level: Literal["debug", "info", "warning", "error"] = Field("info", description="Threshold.")
+
+
+class ProfilerConfig(_Model):
+    """The whole aprof configuration."""
+
+    global_profiler: GlobalProfilerConfig = Field(default_factory=GlobalProfilerConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    roles: dict[str, RoleConfig] = Field(
+        default_factory=dict, description="Engine-worker roles by name ([A-Za-z0-9_-]+)."
+    )
+    tool_config: ToolConfig = Field(default_factory=ToolConfig)
+    timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+    strict: StrictBool = Field(False, description="Let capture errors escape step/request.")
+
+    @field_validator("roles", mode="before")
+    @classmethod
+    def _check_role_names(cls, roles: object) -> object:
+        if not isinstance(roles, Mapping):
+            return roles
+        for name in roles:
+            if not isinstance(name, str) or not _ROLE_NAME.fullmatch(name):
+                shown = (
+                    f".{name}" if isinstance(name, str) and name.isprintable() else f"[{name!r}]"
+                )
+                raise ConfigError(shown, "role names may hold only letters, digits, '_' and '-'")
+        # `actor:` with nothing under it reads as null: a role with default settings.
+        return {name: {} if role is None else role for name, role in roles.items()}
+
+    def to_yaml(self) -> str:
+        """The resolved configuration (every key, defaults included) as YAML."""
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    @classmethod
+    def from_verl(cls, verl_cfg: Mapping[str, object]) -> ProfilerConfig:
+        """Map a verl trainer config (dict or OmegaConf DictConfig) onto aprof's config.
+
+        Raises ConfigError naming the verl key path when a key aprof maps is malformed.
+        """
+        return _from_verl(verl_cfg)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------
+
+ConfigSource = str | os.PathLike[str] | Mapping[str, object] | ProfilerConfig | None
+
+
+def load_config(source: ConfigSource = None) -> ProfilerConfig:
+    """Load and validate a config from a file path, a mapping or YAML text.
+
+    None or `{}` gives the defaults; a ProfilerConfig is returned as is. A `str` is a file
+    path when it has no newline and the file exists or ends in .yaml/.yml/.json, else YAML.
+    Raises ConfigError naming the key (or file) and the reason.
+    """
+    if isinstance(source, ProfilerConfig):
+        return source
+    data: object
+    if source is None:
+        data = {}
+    elif isinstance(source, Mapping):
+        data = source
+    elif isinstance(source, os.PathLike):
+        data = read_config_file(source)
+    elif isinstance(source, str):
+        data = read_config_file(source) if _is_path(source) else _parse_yaml(source, None)
+    else:
+        raise ConfigError(
+            None, f"expected a file path, a mapping or YAML text, got {type(source).__name__}"
+        )
+    if data is None:  # an empty file or document
+        data = {}
+    if not isinstance(data, Mapping):
+        plain_word = isinstance(source, str) and "\n" not in source
+        hint = " (or the path of an existing file)" if plain_word else ""
+        raise ConfigError(None, f"the top level must be a mapping{hint}, got {_show(data)}")
+    return _validate(data)
+
+
+def _is_path(text: str) -> bool:
+    if "\n" in text:
+        return False
+    # os.path.exists, not Path.exists: it answers False for over-long or NUL-holding names.
+    return os.path.exists(text) or text.endswith((".yaml", ".yml", ".json"))
+
+
+def read_config_file(path: str | os.PathLike[str]) -> object:
+    """The parsed content of a YAML or JSON file; ConfigError naming the file if unreadable."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), f"not UTF-8 text ({exc.reason})") from None
+    except OSError as exc:
+        raise ConfigError(str(path), f"cannot read: {exc.strerror or exc}") from None
+    if path.suffix == ".json":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            reason = f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
+            raise ConfigError(str(path), reason) from None
+    return _parse_yaml(text, str(path))
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that rejects a key given twice in one mapping (yaml keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[tuple[str, str]] = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                ident = (key_node.tag, key_node.value)
+                if ident in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key_node.value!r} given twice", key_node.start_mark
+                    )
+                seen.add(ident)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _parse_yaml(text: str, origin: str | None) -> object:
+    try:
+        return yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(origin, f"invalid YAML{where}: {problem}") from None
+    except RecursionError:
+        raise ConfigError(origin, "invalid YAML: nested too deeply") from None
+
+
+def _validate(data: Mapping[Any, Any]) -> ProfilerConfig:
+    try:
+        return ProfilerConfig.model_validate(dict(data))
+    except ValidationError as exc:
+        raise _convert(exc, ProfilerConfig) from None
+    except (TypeError, KeyError, RecursionError) as exc:  # belt and braces: one error type out
+        raise ConfigError(None, f"invalid configuration: {exc}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Readable errors
+# ---------------------------------------------------------------------------------------------
+
+
+def _convert(exc: ValidationError, root: type[BaseModel]) -> ConfigError:
+    """One ConfigError for a ValidationError: its first error, plus how many more there are."""
+    errors = exc.errors(include_url=False)
+    if not errors:
+        return ConfigError(None, str(exc))
+    key, reason = _describe(errors[0], root)
+    if len(errors) > 1:
+        reason += f" (and {len(errors) - 1} more)"
+    return ConfigError(key or None, reason)
+
+
+def _key_path(loc: Sequence[int | str]) -> str:
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else part)
+    return path
+
+
+def _describe(error: ErrorDetails, root: type[BaseModel]) -> tuple[str, str]:
+    loc, kind, ctx = tuple(error["loc"]), error["type"], error.get("ctx") or {}
+    got = _show(error.get("input"))
+    key = _key_path(loc)
+    if kind == "value_error" and isinstance(ctx.get("error"), ConfigError):
+        inner: ConfigError = ctx["error"]
+        return key + (inner.key or ""), inner.reason
+    if kind == "extra_forbidden":
+        return key, _unknown_key(root, loc)
+    if kind == "invalid_key":
+        return _key_path(loc[:-1]), f"keys must be strings, got {got}"
+    simple = {
+        "greater_than": lambda: f"must be > {_bound(ctx, 'gt')}, got {got}",
+        "greater_than_equal": lambda: f"must be >= {_bound(ctx, 'ge')}, got {got}",
+        "less_than": lambda: f"must be < {_bound(ctx, 'lt')}, got {got}",
+        "less_than_equal": lambda: f"must be <= {_bound(ctx, 'le')}, got {got}",
+        "finite_number": lambda: f"must be a finite number, got {got}",
+        "int_type": lambda: f"expected an integer, got {got}",
+        "float_type": lambda: f"expected a number, got {got}",
+        "bool_type": lambda: f"expected true or false, got {got}",
+        "string_type": lambda: f"expected a string, got {got}",
+        "list_type": lambda: f"expected a list, got {got}",
+        "dict_type": lambda: f"expected a mapping, got {got}",
+        "model_type": lambda: f"expected a mapping, got {got}",
+        "model_attributes_type": lambda: f"expected a mapping, got {got}",
+        "path_type": lambda: f"expected a path, got {got}",
+        "literal_error": lambda: (
+            f"expected one of {str(ctx.get('expected', '')).replace(' or ', ', ')}, got {got}"
+        ),
+    }
+    if kind in simple:
+        return key, simple[kind]()
+    if kind == "value_error":
+        return key, str(ctx.get("error", error["msg"]))
+    msg = error["msg"]
+    return key, f"{msg[:1].lower()}{msg[1:]}, got {got}"
+
+
+def _bound(ctx: dict[str, Any], name: str) -> object:
+    # Float fields report `gt=0.0`; "must be > 0" reads better.
+    value = ctx.get(name)
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _unknown_key(root: type[BaseModel], loc: tuple[int | str, ...]) -> str:
+    name = str(loc[-1]) if loc else ""
+    fields = _fields_at(root, loc[:-1])
+    if fields is None:
+        return "unknown key"
+    for field_name, info in fields.items():
+        if (
+            isinstance(info.validation_alias, AliasChoices)
+            and name in info.validation_alias.choices
+        ):
+            return f"the same setting as '{field_name}'; give only one of them"
+    allowed = list(fields)
+    close = difflib.get_close_matches(name, allowed, n=1)
+    if close:
+        return f"unknown key; did you mean '{close[0]}'?"
+    return "unknown key; expected one of " + ", ".join(repr(a) for a in allowed)
+
+
+def _fields_at(root: type[BaseModel], loc: tuple[int | str, ...]) -> dict[str, Any] | None:
+    """The fields of the model found by walking `loc` down from `root`, if it is a model."""
+    node: Any = root
+    for part in loc:
+        if isinstance(node, type) and issubclass(node, BaseModel):
+            info = node.model_fields.get(str(part))
+            if info is None:
+                return None
+            node = info.annotation
+        elif get_origin(node) is dict:
+            node = get_args(node)[1]
+        else:
+            return None
+    if isinstance(node, type) and issubclass(node, BaseModel):
+        return dict(node.model_fields)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# verl
+# ---------------------------------------------------------------------------------------------
+
+_ACTOR = "actor_rollout_ref.actor.profiler"
+_ROLLOUT = "actor_rollout_ref.rollout.profiler"
+_VERL_ROLES = {
+    "actor": _ACTOR,
+    "ref": "actor_rollout_ref.ref.profiler",
+    "critic": "critic.profiler",
+}
+_NSYS = "global_profiler.global_tool_config.nsys"
+_TORCH_MEMORY = "global_profiler.global_tool_config.torch_memory"
+
+
+class _VerlMap:
+    """Reads a verl config and builds aprof's config dict, remembering where each key came from."""
+
+    def __init__(self, verl_cfg: Mapping[str, object]) -> None:
+        self.verl = verl_cfg
+        self.data: dict[str, Any] = {}
+        self.origin: dict[str, str] = {}
+
+    def get(self, path: str) -> object:
+        """The value at a dotted verl path; None when missing, null or an unresolved `${...}`."""
+        node: object = self.verl
+        parts = path.split(".")
+        for i, part in enumerate(parts):
+            if node is None:
+                return None
+            if not isinstance(node, Mapping):
+                raise ConfigError(".".join(parts[:i]), f"expected a mapping, got {_show(node)}")
+            node = node.get(part)
+        # A raw verl YAML (not composed by Hydra) holds interpolations such as
+        # `${oc.select:actor_rollout_ref.actor.profiler.enable,false}`; they mean "inherit".
+        if isinstance(node, str) and node.startswith("${"):
+            return None
+        return _plain(node)
+
+    def put(self, key: str, value: object, verl_path: str, *, keep_none: bool = False) -> None:
+        """Set aprof's dotted `key` (skipped when None unless keep_none); note its verl origin."""
+        self.origin[key] = verl_path
+        if value is None and not keep_none:
+            return
+        *parents, last = key.split(".")
+        node = self.data
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+
+    def translate(self, err: ConfigError) -> ConfigError:
+        """The same error with aprof's key path replaced by the verl key it came from."""
+        key = err.key or ""
+        best = max(
+            (k for k in self.origin if key == k or key.startswith((k + ".", k + "["))),
+            key=len,
+            default=None,
+        )
+        if best is None:
+            return err
+        return ConfigError(self.origin[best] + key[len(best) :], err.reason)
+
+
+def _plain(value: object) -> object:
+    """OmegaConf containers (and any Mapping / Sequence) as plain dicts and lists."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _verl_int(value: object, path: str, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(path, f"expected an integer >= {minimum}, got {_show(value)}")
+    return value
+
+
+def _from_verl(verl_cfg: Mapping[str, object]) -> ProfilerConfig:
+    if not isinstance(verl_cfg, Mapping):
+        raise ConfigError(None, f"expected a verl config mapping, got {_show(verl_cfg)}")
+    m = _VerlMap(verl_cfg)
+    try:
+        _map_global(m)
+        tool = m.data.get("global_profiler", {}).get("tool", "torch")
+        for role, path in _VERL_ROLES.items():
+            _map_role(m, role, path, tool)
+        _map_tools(m)
+        _map_rollout(m, tool)
+        return ProfilerConfig.model_validate(m.data)
+    except ValidationError as exc:
+        raise m.translate(_convert(exc, ProfilerConfig)) from None
+    except ConfigError as exc:
+        raise m.translate(exc) from None
+    except (TypeError, KeyError, AttributeError, RecursionError) as exc:  # one error type out
+        raise ConfigError(None, f"invalid verl configuration: {exc}") from None
+
+
+def _map_global(m: _VerlMap) -> None:
+    for ours, theirs in (
+        ("tool", "tool"),
+        ("steps", "steps"),
+        ("save_path", "save_path"),
+        ("continuous", "profile_continuous_steps"),
+    ):
+        m.put(
+            f"global_profiler.{ours}",
+            m.get(f"global_profiler.{theirs}"),
+            f"global_profiler.{theirs}",
+        )
+    trace = m.get(f"{_NSYS}.worker_nsight_options.trace")
+    if isinstance(trace, str):  # nsys takes "cuda,nvtx,..."
+        trace = [t.strip() for t in trace.split(",") if t.strip()]
+    m.put("tool_config.nsys.trace", trace, f"{_NSYS}.worker_nsight_options.trace")
+    for ours, theirs in (
+        ("max_entries", "trace_alloc_max_entries"),
+        ("stack_depth", "stack_depth"),
+    ):
+        path = f"{_TORCH_MEMORY}.{theirs}"
+        m.put(f"tool_config.torch_memory.{ours}", m.get(path), path)
+
+
+def _map_role(m: _VerlMap, role: str, path: str, tool: object) -> None:
+    block = m.get(path)
+    if block is None:
+        return
+    if not isinstance(block, Mapping):
+        raise ConfigError(path, f"expected a mapping, got {_show(block)}")
+    m.put(f"roles.{role}", {}, path)
+    # verl's role default is disabled, aprof's enabled: say it explicitly.
+    enable = m.get(f"{path}.enable")
+    m.put(f"roles.{role}.enable", False if enable is None else enable, f"{path}.enable")
+    for key in ("all_ranks", "ranks"):
+        m.put(f"roles.{role}.{key}", m.get(f"{path}.{key}"), f"{path}.{key}")
+    discrete_path = f"{_NSYS}.discrete" if tool == "nsys" else f"{path}.tool_config.{tool}.discrete"
+    discrete = m.get(discrete_path) if tool in ("nsys", "torch", "npu") else None
+    m.put(f"roles.{role}.discrete", discrete, discrete_path)
+
+
+def _map_tools(m: _VerlMap) -> None:
+    for tool, everything in (("torch", TORCH_CONTENTS), ("npu", NPU_CONTENTS)):
+        path = f"{_ACTOR}.tool_config.{tool}.contents"
+        contents = m.get(path)
+        # verl reads an empty contents list as "everything".
+        m.put(
+            f"tool_config.{tool}.contents", list(everything) if contents == [] else contents, path
+        )
+    for key in ("level", "analysis"):
+        path = f"{_ACTOR}.tool_config.npu.{key}"
+        m.put(f"tool_config.npu.{key}", m.get(path), path)
+
+
+def _inherited(m: _VerlMap, key: str) -> tuple[object, str]:
+    """A rollout profiler key, or the actor's when unset (verl's interpolation default)."""
+    own = m.get(f"{_ROLLOUT}.{key}")
+    if own is not None:
+        return own, f"{_ROLLOUT}.{key}"
+    return m.get(f"{_ACTOR}.{key}"), f"{_ACTOR}.{key}"
+
+
+def _map_rollout(m: _VerlMap, tool: object) -> None:
+    enable, enable_path = _inherited(m, "enable")
+    m.put("rollout.enable", False if enable is None else enable, enable_path)
+    m.put("rollout.start", "on_step", _ROLLOUT)  # verl starts the engines when the step begins
+    all_ranks, all_path = _inherited(m, "all_ranks")
+    if all_ranks is not None and not isinstance(all_ranks, bool):
+        raise ConfigError(all_path, f"expected true or false, got {_show(all_ranks)}")
+    if all_ranks:
+        m.put("rollout.replicas", "all", all_path)
+    else:
+        ranks, ranks_path = _inherited(m, "ranks")
+        m.put("rollout.replicas", _replicas_of(m, ranks, ranks_path), ranks_path)
+    window = f"{_ROLLOUT}.tool_config.{tool if tool in ('torch', 'npu') else 'torch'}"
+    start, end = m.get(f"{window}.profile_token_start"), m.get(f"{window}.profile_token_end")
+    delay = 0 if start is None else _verl_int(start, f"{window}.profile_token_start", minimum=0)
+    forward_steps = None
+    if end is not None:
+        end_path = f"{window}.profile_token_end"
+        forward_steps = _verl_int(end, end_path, minimum=0) - delay
+        if forward_steps <= 0:
+            raise ConfigError(end_path, f"must be > profile_token_start ({delay}), got {end}")
+    m.put("rollout.delay", delay, f"{window}.profile_token_start")
+    # An unset end is kept as null: "until the step ends", not aprof's default of 8.
+    m.put("rollout.forward_steps", forward_steps, f"{window}.profile_token_end", keep_none=True)
+
+
+def _replicas_of(m: _VerlMap, ranks: object, path: str) -> list[int]:
+    """verl's rollout ranks are global GPU ranks; replica r owns [r*W, (r+1)*W)."""
+    if ranks is None:
+        ranks = []
+    if not isinstance(ranks, list):
+        raise ConfigError(path, f"expected a list, got {_show(ranks)}")
+    width = 1
+    for size in (
+        "tensor_model_parallel_size",
+        "data_parallel_size",
+        "pipeline_model_parallel_size",
+    ):
+        value = m.get(f"actor_rollout_ref.rollout.{size}")
+        if value is not None:
+            width *= _verl_int(value, f"actor_rollout_ref.rollout.{size}", minimum=1)
+    owners = {_verl_int(rank, f"{path}[{i}]", minimum=0) // width for i, rank in enumerate(ranks)}
+    return sorted(owners) or [0]

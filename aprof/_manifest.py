@@ -1,0 +1,138 @@
+"""The run manifest: what every window captured, rewritten atomically on every change."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+SCHEMA = "aprof.manifest/1"
+FILENAME = "manifest.json"
+
+WindowState = Literal["running", "done", "failed", "timeout", "skipped"]
+StopReason = Literal["auto_stop", "step_end", "run_end", "error", "cancelled"]
+EnforcedBy = Literal["server", "aprof", "none"]
+FINAL_STATES: frozenset[str] = frozenset({"done", "failed", "timeout", "skipped"})
+
+
+class ManifestError(ValueError):
+    """A manifest file that cannot be read back."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+
+
+class ForwardSteps(_Model):
+    """Engine forward steps of a window: asked for, seen, and who bounded the window."""
+
+    delay: int = 0
+    requested: int | None = None
+    observed: int | None = None
+    enforced_by: EnforcedBy = "none"
+
+
+class RequestCounts(_Model):
+    """Requests admitted to a replica while its window was starting or active."""
+
+    admitted: int = 0
+    gated: int = 0
+
+
+class FileEntry(_Model):
+    """One file (or trace folder) of a window; ``path`` is relative to ``save_path``."""
+
+    path: str
+    bytes: int
+
+
+class WindowRecord(_Model):
+    """One (step, target) window as the manifest shows it."""
+
+    step: int
+    target: str
+    kind: Literal["rollout", "role"]
+    tool: str
+    state: WindowState = "running"
+    stop_reason: StopReason | None = None
+    started_ns: int | None = None
+    stopped_ns: int | None = None
+    forward_steps: ForwardSteps = Field(default_factory=ForwardSteps)
+    requests: RequestCounts = Field(default_factory=RequestCounts)
+    files: list[FileEntry] = Field(default_factory=list)
+    error: str | None = None
+
+
+class Note(_Model):
+    """Something a reader of the run should know that is not a failure."""
+
+    step: int | None
+    target: str | None
+    text: str
+
+
+class Clock(_Model):
+    """One instant read on both clocks, to place monotonic timestamps on the wall clock."""
+
+    wall_ns: int
+    monotonic_ns: int
+
+
+class Manifest(_Model):
+    """Every window of one run, with its state, files and counts."""
+
+    schema_: str = Field(default=SCHEMA, alias="schema")
+    run_id: str
+    clock: Clock
+    save_path: str
+    windows: list[WindowRecord] = Field(default_factory=list)
+    notes: list[Note] = Field(default_factory=list)
+    config: dict[str, Any] = Field(default_factory=dict)
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    def window(self, step: int, target: str) -> WindowRecord | None:
+        """The window of ``target`` for ``step``, if there is one."""
+        for record in self.windows:
+            if record.step == step and record.target == target:
+                return record
+        return None
+
+    def to_json(self) -> str:
+        """The manifest as the JSON text written to disk."""
+        return self.model_dump_json(by_alias=True, indent=1)
+
+
+def write_manifest(manifest: Manifest, path: Path) -> None:
+    """Write ``manifest`` to ``path`` atomically: a reader sees the old file or the new one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(manifest.to_json(), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def load_manifest(path: str | os.PathLike[str]) -> Manifest:
+    """Read a manifest back from its file or from the ``save_path`` folder holding it.
+
+    Raises ``ManifestError`` naming the file and what is wrong with it.
+    """
+    file = Path(path)
+    if file.is_dir():
+        file = file / FILENAME
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ManifestError(f"{file}: cannot read: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"{file}: not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        found = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        raise ManifestError(f"{file}: expected schema {SCHEMA!r}, found {found!r}")
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ManifestError(f"{file}: {where}: {first['msg']}") from None

@@ -1,0 +1,487 @@
+"""The profiler: which windows each global step opens, and when they start and stop."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Literal
+
+import structlog
+
+from aprof._capture import CaptureTarget, Window
+from aprof._config import ProfilerConfig, load_config
+from aprof._errors import CaptureError, ConfigError
+from aprof._layout import OutputLayout, check_name, safe_name
+from aprof._logging import configure_logging, logger
+from aprof._manifest import (
+    FILENAME,
+    Clock,
+    ForwardSteps,
+    Manifest,
+    Note,
+    StopReason,
+    WindowRecord,
+    write_manifest,
+)
+from aprof._request import Request
+from aprof._state_machine import Phase, TargetMachine, WindowRun
+
+_FAILED = ("failed", "timeout")
+
+
+class Profiler:
+    """Opens, starts and stops the captures of the selected global steps, exactly once each.
+
+    Use it as ``async with Profiler(cfg) as prof:``; inside, ``async with prof.step(n):``
+    for each global step and ``async with prof.request(replica=r):`` around each request.
+    """
+
+    def __init__(
+        self, config: ProfilerConfig | Mapping[str, object] | str | os.PathLike[str] | None = None
+    ) -> None:
+        self.config = load_config(config)
+        """The resolved configuration."""
+        if not structlog.is_configured():
+            configure_logging(self.config.log.format, self.config.log.level)
+        self._layout = OutputLayout(self.config.global_profiler.save_path)
+        self._run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+        self._manifest = Manifest(
+            run_id=self._run_id,
+            clock=Clock(wall_ns=time.time_ns(), monotonic_ns=time.monotonic_ns()),
+            save_path=str(self._layout.root),
+            config=self.config.model_dump(mode="json"),
+        )
+        self._machines: dict[str, TargetMachine] = {}
+        self._replicas: dict[int, TargetMachine] = {}
+        self._runs: dict[tuple[int, str], WindowRun] = {}
+        self._step_rollout: dict[int, WindowRun] = {}
+        self._open_roles: dict[str, WindowRun] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._step: int | None = None
+        self._rollout_live = False
+        self._status: Literal["new", "open", "closed"] = "new"
+        self._log = logger.bind(run_id=self._run_id)
+
+    # -- public API -------------------------------------------------------------------------
+
+    @property
+    def manifest(self) -> Manifest:
+        """The live manifest of this run (the same content as ``save_path/manifest.json``)."""
+        return self._manifest
+
+    @property
+    def save_path(self) -> Path:
+        """The absolute folder everything of this run is written into."""
+        return self._layout.root
+
+    @property
+    def current_step(self) -> int | None:
+        """The global step now open, if any."""
+        return self._step
+
+    def add_target(self, target: CaptureTarget) -> None:
+        """Register a capture target; raises ``ValueError`` if it breaks the protocol's rules."""
+        if not isinstance(target, CaptureTarget):
+            raise TypeError(f"{target!r} is not an aprof.CaptureTarget")
+        name = check_name(target.name, "target name")
+        if name in self._machines:
+            raise ValueError(f"a target named {name!r} is already registered")
+        if self._status == "closed":
+            raise RuntimeError("the profiler is closed")
+        if target.kind == "rollout":
+            replica = target.replica
+            if not isinstance(replica, int) or isinstance(replica, bool) or replica < 0:
+                raise ValueError(f"rollout target {name!r} needs replica >= 0, got {replica!r}")
+            if replica in self._replicas:
+                other = self._replicas[replica].target.name
+                raise ValueError(f"replica {replica} is already served by target {other!r}")
+        elif target.kind == "role":
+            role = _role_of(target)
+            check_name(role, "role name")
+            if not self._role_selected(target):
+                self._log.warning(
+                    "role target will not be captured",
+                    target=name,
+                    role=role,
+                    why=f"roles.{role} is missing, disabled or does not select its rank",
+                )
+        else:
+            raise ValueError(f"target {name!r} has kind {target.kind!r}; use 'rollout' or 'role'")
+        machine = TargetMachine(
+            target, timeouts=self.config.timeouts, observer=self, layout=self._layout
+        )
+        self._machines[name] = machine
+        if target.kind == "rollout":
+            assert target.replica is not None
+            self._replicas[target.replica] = machine
+
+    def step(self, n: int) -> _Step:
+        """The context of global step ``n`` (1-based): opens and closes that step's windows."""
+        return _Step(self, n)
+
+    def request(self, *, replica: int, request_id: str | None = None) -> Request:
+        """The context of one request to ``replica``: gate, count, and report what happened."""
+        return Request(self, replica, request_id)
+
+    async def __aenter__(self) -> Profiler:
+        if self._status != "new":
+            raise RuntimeError("a Profiler is opened once")
+        try:
+            self._layout.check_writable()
+        except OSError as exc:
+            raise ConfigError(
+                "global_profiler.save_path",
+                f"cannot write to {self._layout.root}: {exc.strerror or exc}",
+            ) from None
+        self._keep_previous_manifest()
+        self._status = "open"
+        self._save()
+        self._log.info(
+            "profiler open",
+            save_path=str(self._layout.root),
+            steps=str(self.config.global_profiler.steps),
+        )
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop every open window and wait for all stops (bounded), then write the manifest."""
+        if self._status != "open":
+            self._status = "closed"
+            return
+        try:
+            if self._step is not None:
+                self._leave_step_now(self._step, "run_end")
+            for run in list(self._open_roles.values()):
+                self._close(run, "run_end")
+            self._open_roles.clear()
+            await self._wait(self._tasks, self._bound())
+        finally:
+            for run in self._runs.values():
+                if run.phase is not Phase.ENDED:
+                    run.phase = Phase.ENDED
+                    run.record.state = "timeout"
+                    run.record.error = "did not finish before the profiler closed"
+            self._status = "closed"
+            self._save()
+            counts: dict[str, int] = {}
+            for record in self._manifest.windows:
+                counts[record.state] = counts.get(record.state, 0) + 1
+            self._log.info("profiler closed", windows=counts)
+
+    # -- steps ------------------------------------------------------------------------------
+
+    async def _enter_step(self, n: int) -> None:
+        if self._status != "open":
+            raise RuntimeError("open the profiler first: `async with prof:`")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"global steps are integers >= 1, got {n!r}")
+        if self._step is not None:
+            raise RuntimeError(f"step {n} entered while step {self._step} is open")
+        cfg = self.config
+        selected = n in cfg.global_profiler.steps
+        for name, run in list(self._open_roles.items()):
+            machine = self._machines[name]
+            continues = cfg.global_profiler.continuous and selected and run.last_step == n - 1
+            if not (continues and self._role_selected(machine.target)):
+                self._close(run, "step_end")
+                del self._open_roles[name]
+        self._step = n
+        if not selected:
+            return
+        try:
+            starting: list[WindowRun] = []
+            for name, machine in self._machines.items():
+                if machine.target.kind != "role" or not self._role_selected(machine.target):
+                    continue
+                if name in self._open_roles:
+                    self._open_roles[name].last_step = n
+                    continue
+                opened = self._open_window(machine, n)
+                if opened is not None:
+                    self._open_roles[name] = opened
+                    starting.append(opened)
+            if cfg.rollout.enable:
+                self._rollout_live = True
+                if cfg.rollout.start == "on_step":
+                    for replica in sorted(self._replicas):
+                        due = self._rollout_run(replica)
+                        if due is not None:
+                            starting.append(due)
+            # A role window must see its step from the beginning, so the step waits for it,
+            # behind the target's previous stop if need be; rollout windows gate requests instead.
+            roles = {r.start_task for r in starting if r.window.kind == "role" and r.start_task}
+            rollouts = {
+                r.start_task
+                for r in starting
+                if r.window.kind == "rollout" and r.phase is Phase.STARTING and r.start_task
+            }
+            await self._wait(roles, self._bound())
+            await self._wait(rollouts, cfg.timeouts.start_s)
+            self._raise_if_strict([r for r in starting if r.phase is Phase.ENDED])
+        except BaseException as exc:
+            await self._leave_step(n, exc)
+            raise
+
+    async def _leave_step(self, n: int, exc: BaseException | None) -> None:
+        reason: StopReason = (
+            "step_end"
+            if exc is None
+            else "cancelled"
+            if isinstance(exc, asyncio.CancelledError)
+            else "error"
+        )
+        closing = self._leave_step_now(n, reason)
+        cfg = self.config
+        if closing and (cfg.global_profiler.wait_for_stops or cfg.strict):
+            await self._wait(closing, self._bound())
+            if exc is None:
+                self._raise_if_strict([self._runs[key] for key in self._runs if key[0] == n])
+
+    def _leave_step_now(self, n: int, reason: StopReason) -> set[asyncio.Task[None]]:
+        """Close the windows that end with step ``n``; returns the tasks that stop them."""
+        cfg = self.config
+        closing = {self._close(run, reason) for run in self._step_rollout.values()}
+        if self._rollout_live:
+            for replica, machine in self._replicas.items():
+                if replica not in self._step_rollout and cfg.rollout.selects(replica):
+                    self._record_skipped(machine, n, f"no request reached replica {replica}")
+        self._step_rollout = {}
+        self._rollout_live = False
+        keep = reason == "step_end" and cfg.global_profiler.continuous
+        for name, run in list(self._open_roles.items()):
+            if keep and (n + 1) in cfg.global_profiler.steps:
+                continue
+            closing.add(self._close(run, reason))
+            del self._open_roles[name]
+        self._step = None
+        return closing
+
+    # -- requests ---------------------------------------------------------------------------
+
+    async def _admit(self, req: Request, run: WindowRun | None) -> None:
+        """Gate ``req`` on its replica's window that is not active (yet), and count it.
+
+        ``Request`` handles an active window itself: that is the hot path.
+        """
+        if run is None:
+            if self.config.rollout.start != "on_first_request":
+                return
+            run = self._rollout_run(req.replica)
+            if run is None:
+                return
+        if run.phase is Phase.STARTING:
+            req.gated = True
+            run.gated += 1
+            run.admitted += 1
+            try:
+                async with asyncio.timeout(self.config.timeouts.start_s):
+                    await run.started.wait()
+            except TimeoutError:
+                pass
+            req.captured = run.active
+            self._raise_if_strict([run])
+        elif run.phase is Phase.ACTIVE:
+            run.admitted += 1
+            req.captured = True
+
+    def _rollout_run(self, replica: int) -> WindowRun | None:
+        """The window of ``replica`` for the current step, opened now if it is due."""
+        run = self._step_rollout.get(replica)
+        if run is not None:
+            return run
+        machine = self._replicas.get(replica)
+        if machine is None or self._step is None or not self.config.rollout.selects(replica):
+            return None
+        run = self._open_window(machine, self._step)
+        if run is not None:
+            self._step_rollout[replica] = run
+        return run
+
+    # -- windows ----------------------------------------------------------------------------
+
+    def _open_window(self, machine: TargetMachine, step: int) -> WindowRun | None:
+        target = machine.target
+        if (step, target.name) in self._runs:
+            self.note(step, target.name, "step entered again: its window was already captured")
+            return None
+        cfg = self.config
+        if target.kind == "rollout":
+            assert target.replica is not None
+            folder = self._layout.rollout_dir(step, target.replica)
+            delay, forward_steps = cfg.rollout.delay, cfg.rollout.forward_steps
+        else:
+            folder = self._layout.role_dir(step, _role_of(target), getattr(target, "rank", None))
+            delay, forward_steps = 0, None
+        window = Window(
+            step=step,
+            target=target.name,
+            kind=target.kind,
+            delay=delay,
+            forward_steps=forward_steps,
+            dir=folder,
+            prefix=safe_name(f"{target.name}-step{step}-{self._run_id}"),
+        )
+        record = WindowRecord(
+            step=step,
+            target=target.name,
+            kind=target.kind,
+            tool=str(getattr(target, "tool", cfg.global_profiler.tool)),
+            forward_steps=ForwardSteps(delay=delay, requested=forward_steps),
+        )
+        run = WindowRun(window=window, record=record, started=asyncio.Event(), last_step=step)
+        self._runs[(step, target.name)] = run
+        self._manifest.windows.append(record)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            run.started.set()
+            run.phase = Phase.ENDED
+            record.state, record.stop_reason = "failed", "error"
+            record.error = f"cannot create {folder}: {exc.strerror or exc}"
+            self.changed(run, "failed", error=record.error)
+            return run
+        machine.open(run)
+        return run
+
+    def _record_skipped(self, machine: TargetMachine, step: int, why: str) -> None:
+        target = machine.target
+        if (step, target.name) in self._runs:
+            return
+        record = WindowRecord(
+            step=step,
+            target=target.name,
+            kind=target.kind,
+            tool=str(getattr(target, "tool", self.config.global_profiler.tool)),
+            state="skipped",
+            stop_reason="step_end",
+            forward_steps=ForwardSteps(
+                delay=self.config.rollout.delay, requested=self.config.rollout.forward_steps
+            ),
+        )
+        self._manifest.windows.append(record)
+        self._log.info("window skipped", step=step, target=target.name, why=why)
+        self.note(step, target.name, why)
+
+    def _close(self, run: WindowRun, reason: StopReason) -> asyncio.Task[None]:
+        task = self._machines[run.window.target].close(run, reason)
+        if task not in self._tasks:
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return task
+
+    # -- RunObserver --------------------------------------------------------------------------
+
+    def changed(self, run: WindowRun, event: str, **details: object) -> None:
+        """Log a window transition and rewrite the manifest."""
+        fields = {k: v for k, v in details.items() if v is not None}
+        log = self._log.warning if event in _FAILED else self._log.info
+        log(f"window {event}", step=run.window.step, target=run.window.target, **fields)
+        if event == "done":
+            self._flag_if_large(run)
+        self._save()
+
+    def note(self, step: int, target: str, text: str) -> None:
+        """Write down something about a window that is not a failure."""
+        self._manifest.notes.append(Note(step=step, target=target, text=text))
+        self._save()
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _flag_if_large(self, run: WindowRun) -> None:
+        total = sum(f.bytes for f in run.record.files)
+        limit = self.config.global_profiler.max_window_bytes
+        if total > limit:
+            self._log.warning(
+                "window larger than max_window_bytes", target=run.window.target, bytes=total
+            )
+            self._manifest.notes.append(
+                Note(
+                    step=run.window.step,
+                    target=run.window.target,
+                    text=f"window files total {total} bytes, above max_window_bytes={limit}",
+                )
+            )
+
+    def _role_selected(self, target: CaptureTarget) -> bool:
+        role = self.config.roles.get(_role_of(target))
+        if role is None or not role.enable:
+            return False
+        rank = getattr(target, "rank", None)
+        return rank is None or role.selects(rank)
+
+    def _raise_if_strict(self, runs: list[WindowRun]) -> None:
+        if not self.config.strict:
+            return
+        failed = [r for r in runs if r.record.state in _FAILED and not r.raised]
+        for run in failed:
+            run.raised = True
+        if failed:
+            raise CaptureError(
+                [(r.window.step, r.window.target, r.record.error or r.record.state) for r in failed]
+            )
+
+    def _bound(self) -> float:
+        """Longest a window can take to end once asked: its start, a counter read, its stop."""
+        t = self.config.timeouts
+        return t.start_s + t.connect_s + t.stop_s + 1.0
+
+    @staticmethod
+    async def _wait(tasks: set[asyncio.Task[None]], limit_s: float) -> None:
+        """Wait for ``tasks`` up to ``limit_s``; the tasks are never cancelled by this wait."""
+        if tasks:
+            await asyncio.wait(set(tasks), timeout=limit_s)
+
+    def _save(self) -> None:
+        if self._status == "new":
+            return
+        for run in self._runs.values():
+            counts = run.record.requests
+            if (counts.admitted, counts.gated) != (run.admitted, run.gated):
+                counts.admitted, counts.gated = run.admitted, run.gated
+        write_manifest(self._manifest, self._layout.root / FILENAME)
+
+    def _keep_previous_manifest(self) -> None:
+        path = self._layout.root / FILENAME
+        if path.exists():
+            kept = path.with_name(f"manifest.{time.strftime('%Y%m%d-%H%M%S')}.{os.getpid()}.json")
+            os.replace(path, kept)
+            self._log.info("kept the previous manifest", path=str(kept))
+
+
+class _Step:
+    """``async with prof.step(n):`` — see :meth:`Profiler.step`."""
+
+    __slots__ = ("_n", "_prof")
+
+    def __init__(self, prof: Profiler, n: int) -> None:
+        self._prof = prof
+        self._n = n
+
+    async def __aenter__(self) -> int:
+        await self._prof._enter_step(self._n)
+        return self._n
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._prof._leave_step(self._n, exc)
+
+
+def _role_of(target: CaptureTarget) -> str:
+    return str(getattr(target, "role", target.name))

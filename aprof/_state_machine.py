@@ -1,0 +1,314 @@
+"""One state machine per capture target: idle -> starting -> active -> stopping -> idle.
+
+A target runs one window at a time. Each window is started at most once and stopped at most
+once, however many coroutines race to trigger it; a stop is only sent for a window whose start
+succeeded, and the next window of the same target waits for the previous stop to finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from aprof._capture import CaptureResult, CaptureTarget, Window
+from aprof._config import TimeoutsConfig
+from aprof._layout import OutputLayout
+from aprof._manifest import FileEntry, StopReason, WindowRecord
+
+
+class TargetState(enum.Enum):
+    """Where a target's capture session stands."""
+
+    IDLE = "idle"
+    STARTING = "starting"
+    ACTIVE = "active"
+    STOPPING = "stopping"
+
+
+class Phase(enum.Enum):
+    """Where one window stands; requests are gated only in ``STARTING``."""
+
+    QUEUED = "queued"
+    """Waiting for the target's previous stop to finish."""
+    STARTING = "starting"
+    ACTIVE = "active"
+    STOPPING = "stopping"
+    ENDED = "ended"
+
+
+class RunObserver(Protocol):
+    """What the scheduler hears from its state machines."""
+
+    def changed(self, run: WindowRun, event: str, **details: object) -> None:
+        """A window changed; ``event`` names the transition."""
+
+    def note(self, step: int, target: str, text: str) -> None:
+        """Something about a window worth writing down that is not a failure."""
+
+
+@dataclass(eq=False)
+class WindowRun:
+    """One (step, target) window in flight and its manifest record."""
+
+    window: Window
+    record: WindowRecord
+    started: asyncio.Event
+    """Set when the start is over, whatever its outcome."""
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once the target is free again: the stop call is over, or none was needed."""
+    phase: Phase = Phase.QUEUED
+    last_step: int = 0
+    """The last global step this window covers (continuous role windows grow)."""
+    start_task: asyncio.Task[None] | None = None
+    stop_task: asyncio.Task[None] | None = None
+    poll_task: asyncio.Task[None] | None = None
+    baseline: int | None = None
+    """The forward-step counter when the capture became active."""
+    last_count: int | None = None
+    raised: bool = False
+    """Its failure already reached a caller (``strict: true``)."""
+    admitted: int = 0
+    """Requests admitted while the window was starting or active (hot path: a plain int)."""
+    gated: int = 0
+    """Of those, requests that waited for the start."""
+    """Its failure already reached a caller (``strict: true``)."""
+
+    @property
+    def active(self) -> bool:
+        """The capture is running and has not been asked to stop."""
+        return self.phase is Phase.ACTIVE
+
+
+class TargetMachine:
+    """Drives one ``CaptureTarget`` through its windows, one at a time."""
+
+    def __init__(
+        self,
+        target: CaptureTarget,
+        *,
+        timeouts: TimeoutsConfig,
+        observer: RunObserver,
+        layout: OutputLayout,
+    ) -> None:
+        self.target = target
+        self._layout = layout
+        self.state = TargetState.IDLE
+        self._timeouts = timeouts
+        self._observer = observer
+        self._previous: WindowRun | None = None
+
+    @property
+    def polls(self) -> bool:
+        """aprof itself must bound this target's windows."""
+        return not self.target.enforces_window
+
+    def open(self, run: WindowRun) -> None:
+        """Begin ``run``: start it now, or once the previous window's stop has finished."""
+        previous = self._previous
+        if previous is not None and previous.stop_task is None:
+            # A window left open when the next one begins is closed first: one at a time.
+            self.close(previous, "step_end")
+        self._previous = run
+        waiting_for = previous.released if previous is not None else None
+        if waiting_for is None or waiting_for.is_set():
+            waiting_for = None
+            self._enter_starting(run)
+        run.start_task = asyncio.get_running_loop().create_task(
+            self._start(run, waiting_for), name=f"aprof-start-{run.window.prefix}"
+        )
+
+    def close(self, run: WindowRun, reason: StopReason) -> asyncio.Task[None]:
+        """Ask ``run`` to end for ``reason``; idempotent, returns the task that ends it."""
+        if run.stop_task is None:
+            if run.record.stop_reason is None:
+                run.record.stop_reason = reason
+            run.stop_task = asyncio.get_running_loop().create_task(
+                self._stop(run), name=f"aprof-stop-{run.window.prefix}"
+            )
+        return run.stop_task
+
+    def _enter_starting(self, run: WindowRun) -> None:
+        run.phase = Phase.STARTING
+        self.state = TargetState.STARTING
+        self._observer.changed(run, "starting")
+
+    async def _start(self, run: WindowRun, after: asyncio.Event | None) -> None:
+        try:
+            if after is not None:
+                await after.wait()  # bounded: the previous stop has its own timeout
+                if run.stop_task is not None:
+                    self._end(run, "skipped", error=None)
+                    run.record.error = "window ended before the previous stop finished"
+                    return
+                self._enter_starting(run)
+            try:
+                async with asyncio.timeout(self._timeouts.start_s):
+                    await self.target.start(run.window)
+            except TimeoutError:
+                self._fail_start(
+                    run, "timeout", f"start timed out after {self._timeouts.start_s:g}s"
+                )
+                return
+            except Exception as exc:  # a failing target costs its window only
+                self._fail_start(run, "failed", f"start failed: {_describe(exc)}")
+                return
+            run.phase = Phase.ACTIVE
+            self.state = TargetState.ACTIVE
+            run.record.started_ns = time.time_ns()
+            self._observer.changed(run, "active")
+            if self.polls and run.stop_task is None:
+                run.poll_task = asyncio.get_running_loop().create_task(
+                    self._poll(run), name=f"aprof-poll-{run.window.prefix}"
+                )
+            elif not self.polls and _bounded(run.window):
+                run.record.forward_steps.enforced_by = "server"
+        finally:
+            run.started.set()
+
+    def _fail_start(self, run: WindowRun, state: str, error: str) -> None:
+        run.record.stop_reason = "error"
+        self.state = TargetState.IDLE
+        self._end(run, state, error=error)
+
+    async def _poll(self, run: WindowRun) -> None:
+        """Stop ``run`` once ``delay + forward_steps`` engine steps have passed, if bounded."""
+        window = run.window
+        run.baseline = await self._read_counter(run)
+        if run.baseline is None:
+            if _bounded(window):
+                self._observer.note(
+                    window.step,
+                    window.target,
+                    "target reports no forward-step counter: window runs until the step ends",
+                )
+            return
+        if not _bounded(window):
+            return
+        run.record.forward_steps.enforced_by = "aprof"
+        assert window.forward_steps is not None
+        goal = window.delay + window.forward_steps
+        while run.phase is Phase.ACTIVE:  # ends when the window stops or the goal is reached
+            await asyncio.sleep(self._timeouts.poll_s)
+            count = await self._read_counter(run)
+            if count is None:
+                run.record.forward_steps.enforced_by = "none"
+                self._observer.note(
+                    window.step,
+                    window.target,
+                    "forward-step counter lost: window runs until step end",
+                )
+                return
+            if count - run.baseline >= goal:
+                self.close(run, "auto_stop")
+                return
+
+    async def _read_counter(self, run: WindowRun) -> int | None:
+        try:
+            async with asyncio.timeout(self._timeouts.connect_s):
+                count = await self.target.forward_steps()
+        except (Exception, TimeoutError) as exc:
+            self._observer.note(
+                run.window.step, run.window.target, f"forward-step counter: {_describe(exc)}"
+            )
+            return None
+        if count is not None:
+            run.last_count = count
+        return count
+
+    async def _stop(self, run: WindowRun) -> None:
+        try:
+            result = await self._stop_target(run)
+        finally:
+            run.released.set()
+        if result is not None:
+            await self._record_result(run, result)
+            self._end(run, "done", error=None)
+
+    async def _stop_target(self, run: WindowRun) -> CaptureResult | None:
+        """Send the stop of an active window; ``None`` when there was none or it failed."""
+        if run.start_task is not None:
+            await asyncio.wait({run.start_task})
+        if run.phase is not Phase.ACTIVE:
+            return None  # never started: nothing to stop
+        if run.poll_task is not None:
+            run.poll_task.cancel()
+        run.phase = Phase.STOPPING
+        self.state = TargetState.STOPPING
+        self._observer.changed(run, "stopping", reason=run.record.stop_reason)
+        if self.polls and run.baseline is not None and run.record.stop_reason != "auto_stop":
+            await self._read_counter(run)
+        try:
+            async with asyncio.timeout(self._timeouts.stop_s):
+                return await self.target.stop(run.window)
+        except TimeoutError:
+            self._end(run, "timeout", error=f"stop timed out after {self._timeouts.stop_s:g}s")
+        except Exception as exc:
+            self._end(run, "failed", error=f"stop failed: {_describe(exc)}")
+        finally:
+            self.state = TargetState.IDLE
+        return None
+
+    async def _record_result(self, run: WindowRun, result: CaptureResult) -> None:
+        record = run.record
+        if result.auto_stopped:
+            record.stop_reason = "auto_stop"
+        observed = result.forward_steps
+        if observed is None and run.baseline is not None and run.last_count is not None:
+            observed = run.last_count - run.baseline
+        record.forward_steps.observed = observed
+        paths = [self._layout.absolute(Path(p)) for p in result.files]
+        sizes = await asyncio.to_thread(_sizes, paths)
+        names = [self._layout.relative(p) for p in paths]
+        record.files = [
+            FileEntry(path=n, bytes=max(size, 0)) for n, size in zip(names, sizes, strict=True)
+        ]
+        missing = [n for n, size in zip(names, sizes, strict=True) if size < 0]
+        if missing:
+            self._observer.note(
+                run.window.step, run.window.target, f"listed files missing: {', '.join(missing)}"
+            )
+        if result.note:
+            self._observer.note(run.window.step, run.window.target, result.note)
+
+    def _end(self, run: WindowRun, state: str, *, error: str | None) -> None:
+        run.phase = Phase.ENDED
+        record = run.record
+        record.state = state  # type: ignore[assignment]
+        record.error = error
+        if state != "skipped":
+            record.stopped_ns = time.time_ns()
+        self._observer.changed(run, state, error=error)
+
+
+def _bounded(window: Window) -> bool:
+    return window.forward_steps is not None
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _sizes(paths: Iterable[Path]) -> list[int]:
+    """Bytes of each file or folder (-1 where it does not exist)."""
+    sizes = []
+    for path in paths:
+        if path.is_dir():
+            sizes.append(
+                sum(
+                    os.path.getsize(os.path.join(root, f))
+                    for root, _, files in os.walk(path)
+                    for f in files
+                )
+            )
+        elif path.exists():
+            sizes.append(path.stat().st_size)
+        else:
+            sizes.append(-1)
+    return sizes

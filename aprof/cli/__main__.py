@@ -1,0 +1,5 @@
+import sys
+
+from aprof.cli import main
+
+sys.exit(main())

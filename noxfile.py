@@ -1,0 +1,41 @@
+"""Developer sessions: tests, lint, typecheck, bench."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.default_venv_backend = "venv"
+
+# The CPU build of torch lies on this project's machines; a plain `torch` pulls a CUDA build.
+TORCH = "torch==2.13.0"
+PACKAGES = ["aprof", "agentloop", "servers"]
+
+
+@nox.session(python="3.11")
+def tests(session: nox.Session) -> None:
+    """The test suite (the README's test command runs the same pytest)."""
+    session.install(TORCH, "-e", ".[test]")
+    session.run("python", "-m", "pytest", *session.posargs)
+
+
+@nox.session(python="3.11")
+def lint(session: nox.Session) -> None:
+    """ruff: lint rules and formatting."""
+    session.install("ruff==0.17.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python="3.11")
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict over the three packages."""
+    session.install("-e", ".[test]", "mypy==2.4.1", "types-PyYAML")
+    session.run("mypy")
+
+
+@nox.session(python="3.11")
+def bench(session: nox.Session) -> None:
+    """Benchmarks; their tables go into the README with this command."""
+    session.install("-e", ".[bench]")
+    session.run("python", "benchmarks/bench_request.py", *session.posargs)

@@ -1,0 +1,1 @@
+"""servers: inference-server capture targets (vLLM, SGLang) and the embedded reference server."""

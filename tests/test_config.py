@@ -1,0 +1,707 @@
+"""Configuration: defaults, loading, readable errors, YAML round trip and the verl mapping."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from aprof._config import ProfilerConfig, RoleConfig, RolloutConfig, load_config
+from aprof._errors import ConfigError
+from aprof._steps import StepSelection
+
+
+def error_of(source: object) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load_config(source)  # type: ignore[arg-type]
+    return info.value
+
+
+# --- defaults ------------------------------------------------------------------------------
+
+
+def test_defaults_keep_data_small() -> None:
+    cfg = load_config()
+    assert cfg == load_config({}) == ProfilerConfig()
+    gp = cfg.global_profiler
+    assert gp.tool == "torch"
+    assert gp.steps.is_empty
+    assert gp.save_path == Path("outputs/profile")
+    assert gp.continuous is False and gp.wait_for_stops is False
+    assert gp.max_window_bytes == 2 * 1024**3
+    assert cfg.rollout.enable is True
+    assert cfg.rollout.replicas == [0]
+    assert cfg.rollout.start == "on_first_request"
+    assert (cfg.rollout.delay, cfg.rollout.forward_steps) == (0, 8)
+    assert cfg.roles == {}
+    assert RoleConfig().ranks == [0] and RoleConfig().all_ranks is False
+    assert RoleConfig().discrete is False
+    torch = cfg.tool_config.torch
+    assert torch.contents == ["cpu", "cuda"] and torch.gzip is True
+    npu = cfg.tool_config.npu
+    assert (npu.level, npu.contents, npu.analysis) == ("level0", ["npu", "cpu"], False)
+    assert cfg.tool_config.nsys.trace == ["cuda", "nvtx"]
+    assert cfg.tool_config.nsys.output_dir is None
+    mem = cfg.tool_config.torch_memory
+    assert (mem.max_entries, mem.stack_depth, mem.snapshot_on_oom) == (100_000, 32, False)
+    t = cfg.timeouts
+    assert (t.connect_s, t.start_s, t.stop_s, t.poll_s) == (5, 30, 600, 0.05)
+    assert (cfg.log.format, cfg.log.level) == ("console", "info")
+    assert cfg.strict is False
+
+
+def test_config_is_frozen() -> None:
+    cfg = load_config()
+    with pytest.raises(ValidationError):
+        cfg.strict = True  # type: ignore[misc]
+
+
+# --- sources -------------------------------------------------------------------------------
+
+SAMPLE = """\
+global_profiler: {tool: torch, steps: "1-3,5", save_path: /tmp/prof, continuous: true}
+rollout: {replicas: all, start: on_step, delay: 2, forward_steps: null}
+roles:
+  actor: {ranks: [0, 1], discrete: true}
+  critic:
+tool_config:
+  torch: {contents: [cpu, cuda, stack]}
+timeouts: {stop_s: 60}
+"""
+
+
+def check_sample(cfg: ProfilerConfig) -> None:
+    assert cfg.global_profiler.steps == StepSelection.parse([1, 2, 3, 5])
+    assert cfg.global_profiler.save_path == Path("/tmp/prof")
+    assert cfg.global_profiler.continuous is True
+    assert cfg.rollout.replicas == "all"
+    assert cfg.rollout.start == "on_step"
+    assert (cfg.rollout.delay, cfg.rollout.forward_steps) == (2, None)
+    assert cfg.roles["actor"] == RoleConfig(ranks=[0, 1], discrete=True)
+    assert cfg.roles["critic"] == RoleConfig()
+    assert cfg.tool_config.torch.contents == ["cpu", "cuda", "stack"]
+    assert cfg.timeouts.stop_s == 60
+
+
+def test_load_yaml_text() -> None:
+    check_sample(load_config(SAMPLE))
+
+
+def test_load_dict() -> None:
+    check_sample(load_config(yaml.safe_load(SAMPLE)))
+
+
+def test_load_file_by_str_and_path(tmp_path: Path) -> None:
+    path = tmp_path / "profile.yaml"
+    path.write_text(SAMPLE)
+    check_sample(load_config(str(path)))
+    check_sample(load_config(path))
+
+
+def test_load_existing_file_without_suffix(tmp_path: Path) -> None:
+    path = tmp_path / "profile"
+    path.write_text(SAMPLE)
+    check_sample(load_config(str(path)))
+
+
+def test_load_json_file(tmp_path: Path) -> None:
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(yaml.safe_load(SAMPLE), indent="\t"))
+    check_sample(load_config(path))
+
+
+def test_config_is_returned_as_is() -> None:
+    cfg = load_config(SAMPLE)
+    assert load_config(cfg) is cfg
+
+
+def test_empty_document_gives_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "empty.yaml"
+    path.write_text("# nothing yet\n")
+    assert load_config(path) == ProfilerConfig()
+
+
+def test_missing_file_names_path_and_reason(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    for source in (str(missing), missing):
+        err = error_of(source)
+        assert err.key == str(missing)
+        assert "No such file or directory" in err.reason
+
+
+def test_directory_is_not_a_config(tmp_path: Path) -> None:
+    err = error_of(tmp_path)
+    assert err.key == str(tmp_path)
+    assert "directory" in err.reason.lower()
+
+
+def test_broken_yaml_reports_line(tmp_path: Path) -> None:
+    text = "global_profiler:\n  tool: torch\n  steps: [1, 2\nrollout: {}\n"
+    err = error_of(text)
+    assert "invalid YAML at line 4" in err.reason
+    path = tmp_path / "broken.yaml"
+    path.write_text(text)
+    err = error_of(path)
+    assert err.key == str(path) and "line 4" in err.reason
+
+
+def test_broken_json_reports_line(tmp_path: Path) -> None:
+    path = tmp_path / "broken.json"
+    path.write_text('{\n  "rollout": {\n    "delay": 1,,\n  }\n}\n')
+    err = error_of(path)
+    assert err.key == str(path) and "invalid JSON at line 3" in err.reason
+
+
+def test_duplicate_yaml_key_rejected() -> None:
+    err = error_of("rollout:\n  delay: 1\n  delay: 2\n")
+    assert "line 3" in err.reason and "'delay' given twice" in err.reason
+
+
+@pytest.mark.parametrize("source", ["- 1\n- 2\n", "just words", 42, [1, 2]])
+def test_top_level_must_be_a_mapping(source: object) -> None:
+    err = error_of(source)
+    assert err.key is None
+    assert "mapping" in err.reason
+
+
+# --- readable validation errors ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "key", "reason"),
+    [
+        ({"rollout": {"forwrd_steps": 3}}, "rollout.forwrd_steps", "did you mean 'forward_steps'?"),
+        ({"rolout": {}}, "rolout", "did you mean 'rollout'?"),
+        ({"roles": {"actor": {"rnks": [0]}}}, "roles.actor.rnks", "did you mean 'ranks'?"),
+        ({"zzz": 1}, "zzz", "unknown key; expected one of 'global_profiler'"),
+        ({"rollout": {"forward_steps": -1}}, "rollout.forward_steps", "must be > 0, got -1"),
+        ({"rollout": {"delay": -1}}, "rollout.delay", "must be >= 0, got -1"),
+        ({"rollout": {"delay": 1.5}}, "rollout.delay", "expected an integer, got 1.5"),
+        (
+            {"rollout": {"start": "first"}},
+            "rollout.start",
+            "expected one of 'on_first_request', 'on_step', got 'first'",
+        ),
+        ({"rollout": {"replicas": [0, 0]}}, "rollout.replicas[1]", "listed twice"),
+        ({"rollout": {"replicas": [0, -1]}}, "rollout.replicas[1]", ">= 0, got -1"),
+        ({"rollout": {"replicas": [True]}}, "rollout.replicas[0]", "got true"),
+        ({"rollout": {"replicas": "some"}}, "rollout.replicas", "'all' or a list"),
+        ({"rollout": {"enable": "yes"}}, "rollout.enable", "expected true or false"),
+        ({"rollout": [1]}, "rollout", "expected a mapping"),
+        ({"global_profiler": {"steps": [1, 0]}}, "global_profiler.steps[1]", "positive"),
+        ({"global_profiler": {"steps": "3-1"}}, "global_profiler.steps", "reversed range"),
+        ({"global_profiler": {"steps": {"every": 0}}}, "global_profiler.steps.every", "positive"),
+        ({"global_profiler": {"tool": "perf"}}, "global_profiler.tool", "expected one of"),
+        ({"global_profiler": {"save_path": " "}}, "global_profiler.save_path", "not be empty"),
+        ({"global_profiler": {"max_window_bytes": 0}}, "global_profiler.max_window_bytes", "> 0"),
+        (
+            {"global_profiler": {"continuous": True, "profile_continuous_steps": True}},
+            "global_profiler.profile_continuous_steps",
+            "give only one",
+        ),
+        ({"roles": {"my actor": {}}}, "roles.my actor", "role names"),
+        ({"roles": {"a/b": {}}}, "roles.a/b", "role names"),
+        ({"roles": {"actor": {"ranks": [1, 1]}}}, "roles.actor.ranks[1]", "listed twice"),
+        ({"roles": [1]}, "roles", "expected a mapping"),
+        (
+            {"tool_config": {"torch": {"contents": ["cpu", "gpu"]}}},
+            "tool_config.torch.contents[1]",
+            "got 'gpu'",
+        ),
+        ({"tool_config": {"torch": {"contents": []}}}, "tool_config.torch.contents", "at least"),
+        ({"tool_config": {"npu": {"contents": ["npu", "npu"]}}}, "tool_config.npu.contents[1]", "twice"),
+        ({"tool_config": {"npu": {"level": "level3"}}}, "tool_config.npu.level", "expected one of"),
+        ({"tool_config": {"torch_memory": {"stack_depth": 0}}}, "tool_config.torch_memory.stack_depth", "> 0"),
+        ({"log": {"level": "loud"}}, "log.level", "expected one of"),
+        ({"strict": "no"}, "strict", "expected true or false"),
+    ],
+)
+def test_errors_name_key_and_reason(data: dict[str, Any], key: str, reason: str) -> None:
+    err = error_of(data)
+    assert err.key == key
+    assert reason in err.reason
+    assert str(err) == f"{key}: {err.reason}"
+
+
+@pytest.mark.parametrize("name", ["connect_s", "start_s", "stop_s", "poll_s"])
+@pytest.mark.parametrize("value", [0, -1, -0.5, 0.0, math.inf, math.nan, True, "5"])
+def test_each_timeout_must_be_positive_and_finite(name: str, value: object) -> None:
+    err = error_of({"timeouts": {name: value}})
+    assert err.key == f"timeouts.{name}"
+
+
+def test_timeouts_accept_ints_and_floats() -> None:
+    cfg = load_config({"timeouts": {"connect_s": 1, "poll_s": 0.01}})
+    assert cfg.timeouts.connect_s == 1.0 and cfg.timeouts.poll_s == 0.01
+
+
+def test_several_errors_counted() -> None:
+    err = error_of({"rollout": {"delay": -1, "forward_steps": 0}, "timeouts": {"stop_s": 0}})
+    assert err.key == "rollout.delay"
+    assert err.reason.endswith("(and 2 more)")
+
+
+def test_config_error_pickles() -> None:
+    err = error_of({"rollout": {"delay": -1}})
+    again = pickle.loads(pickle.dumps(err))
+    assert (again.key, again.reason, str(again)) == (err.key, err.reason, str(err))
+    assert str(ConfigError(None, "bad")) == "bad"
+
+
+# --- semantics of the models ---------------------------------------------------------------
+
+
+def test_replicas_all_and_list() -> None:
+    every = load_config({"rollout": {"replicas": "all"}}).rollout
+    assert every.replicas == "all"
+    assert every.selects(0) and every.selects(17)
+    some = load_config({"rollout": {"replicas": [2, 0]}}).rollout
+    assert some.replicas == [2, 0]
+    assert some.selects(0) and some.selects(2) and not some.selects(1)
+    assert not RolloutConfig(enable=False).selects(0)
+
+
+def test_roles() -> None:
+    cfg = load_config({"roles": {"actor": {"ranks": []}, "critic-2": {"all_ranks": True}}})
+    assert cfg.roles["actor"].ranks == [0]  # verl: an empty list means rank 0
+    assert cfg.roles["actor"].selects(0) and not cfg.roles["actor"].selects(1)
+    assert cfg.roles["critic-2"].selects(7)
+    assert not RoleConfig(enable=False).selects(0)
+
+
+def test_verl_alias_for_continuous() -> None:
+    cfg = load_config({"global_profiler": {"profile_continuous_steps": True}})
+    assert cfg.global_profiler.continuous is True
+    assert "profile_continuous_steps" not in cfg.to_yaml()
+
+
+def test_null_sections_are_empty() -> None:
+    assert load_config("rollout:\ntimeouts:\nroles:\n") == ProfilerConfig()
+
+
+# --- to_yaml -------------------------------------------------------------------------------
+
+
+def test_to_yaml_round_trip() -> None:
+    cfg = load_config(SAMPLE)
+    text = cfg.to_yaml()
+    data = yaml.safe_load(text)
+    assert data["global_profiler"]["steps"] == [1, 2, 3, 5]
+    assert data["global_profiler"]["save_path"] == "/tmp/prof"
+    assert data["timeouts"]["poll_s"] == 0.05  # defaults included
+    assert data["roles"]["critic"] == {
+        "enable": True,
+        "all_ranks": False,
+        "ranks": [0],
+        "discrete": False,
+    }
+    assert load_config(text) == cfg
+    assert load_config(ProfilerConfig().to_yaml()) == ProfilerConfig()
+    every = load_config({"global_profiler": {"steps": {"every": 4}}})
+    assert yaml.safe_load(every.to_yaml())["global_profiler"]["steps"] == {"every": 4}
+    assert load_config(every.to_yaml()) == every
+
+
+valid_configs = st.fixed_dictionaries(
+    {},
+    optional={
+        "global_profiler": st.fixed_dictionaries(
+            {},
+            optional={
+                "tool": st.sampled_from(["torch", "npu", "nsys", "torch_memory"]),
+                "steps": st.one_of(
+                    st.none(),
+                    st.lists(st.integers(1, 50), unique=True, max_size=8),
+                    st.builds(lambda k: {"every": k}, st.integers(1, 9)),
+                ),
+                "save_path": st.sampled_from(["out", "a b/c", "1.0", "/tmp/x", "yes"]),
+                "continuous": st.booleans(),
+            },
+        ),
+        "rollout": st.fixed_dictionaries(
+            {},
+            optional={
+                "replicas": st.one_of(
+                    st.just("all"), st.lists(st.integers(0, 9), unique=True, max_size=4)
+                ),
+                "forward_steps": st.one_of(st.none(), st.integers(1, 100)),
+                "delay": st.integers(0, 10),
+            },
+        ),
+        "roles": st.dictionaries(
+            st.sampled_from(["actor", "ref", "critic", "reward_model"]),
+            st.fixed_dictionaries({}, optional={"ranks": st.lists(st.integers(0, 7), unique=True)}),
+        ),
+        "timeouts": st.fixed_dictionaries(
+            {}, optional={"poll_s": st.floats(1e-3, 1e3), "stop_s": st.integers(1, 10_000)}
+        ),
+    },
+)
+
+
+@given(valid_configs)
+def test_to_yaml_round_trip_property(data: dict[str, Any]) -> None:
+    cfg = load_config(data)
+    assert load_config(cfg.to_yaml()) == cfg
+
+
+# --- fuzzing: ConfigError or a config, nothing else ----------------------------------------
+
+FIELD_NAMES = [
+    "global_profiler", "rollout", "roles", "tool_config", "timeouts", "log", "strict",
+    "tool", "steps", "save_path", "continuous", "profile_continuous_steps", "wait_for_stops",
+    "max_window_bytes", "enable", "replicas", "start", "delay", "forward_steps", "all_ranks",
+    "ranks", "discrete", "torch", "npu", "nsys", "torch_memory", "contents", "gzip", "level",
+    "analysis", "trace", "output_dir", "max_entries", "stack_depth", "snapshot_on_oom",
+    "connect_s", "start_s", "stop_s", "poll_s", "format", "every", "actor",
+]  # fmt: skip
+SPECIAL_VALUES = [
+    "all", "1-3,5", "3-1", "1,,2", "on_step", "on_first_request", "cpu", "cuda", "level0",
+    "torch", "json", "", " ", "\n", "x" * 300, [], {}, {"every": 2}, {"every": 0}, [0], [1, 1],
+    ["cpu", "cpu"], float("nan"), float("inf"), -1, 0, 1, 2**70, -(2**70), True, None,
+]  # fmt: skip
+
+leaves = st.one_of(
+    st.sampled_from(SPECIAL_VALUES),
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+)
+keys = st.one_of(st.sampled_from(FIELD_NAMES), st.text(max_size=8), st.integers(-2, 2))
+trees = st.recursive(
+    leaves,
+    lambda children: st.one_of(
+        st.lists(children, max_size=4), st.dictionaries(keys, children, max_size=5)
+    ),
+    max_leaves=25,
+)
+configs = st.dictionaries(st.sampled_from(FIELD_NAMES[:7]), trees, max_size=5)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(configs, st.dictionaries(keys, trees, max_size=4)))
+def test_any_mapping_loads_or_raises_config_error(data: dict[Any, Any]) -> None:
+    try:
+        cfg = load_config(data)
+    except ConfigError as err:
+        assert err.reason
+    else:
+        assert load_config(cfg.to_yaml()) == cfg
+
+
+@settings(max_examples=200)
+@given(configs)
+def test_any_yaml_text_loads_or_raises_config_error(data: dict[Any, Any]) -> None:
+    try:
+        text = yaml.safe_dump(data)
+    except yaml.YAMLError:
+        return
+    try:
+        load_config("\n" + text)
+    except ConfigError:
+        pass
+
+
+@settings(max_examples=200)
+@given(st.text(max_size=80))
+def test_any_text_loads_or_raises_config_error(text: str) -> None:
+    try:
+        load_config("\n" + text)  # the newline makes it YAML text, never a path
+    except ConfigError:
+        pass
+
+
+# --- verl ----------------------------------------------------------------------------------
+
+VERL: dict[str, Any] = {
+    "data": {"train_batch_size": 256, "max_prompt_length": 512},
+    "trainer": {"n_gpus_per_node": 8, "nnodes": 1, "total_training_steps": 10},
+    "global_profiler": {
+        "_target_": "verl.utils.profiler.ProfilerConfig",
+        "tool": "torch",
+        "steps": [1, 2, 5],
+        "profile_continuous_steps": False,
+        "save_path": "outputs/verl_profile",
+        "relocate_results": False,
+        "global_tool_config": {
+            "nsys": {
+                "discrete": False,
+                "controller_nsight_options": {"trace": "cuda,nvtx,cublas,ucx"},
+                "worker_nsight_options": {
+                    "trace": "cuda,nvtx,cublas,ucx",
+                    "capture-range": "cudaProfilerApi",
+                },
+            },
+            "torch_memory": {
+                "trace_alloc_max_entries": 50_000,
+                "stack_depth": 16,
+                "context": "all",
+                "stacks": "all",
+                "kw_args": {},
+            },
+        },
+    },
+    "actor_rollout_ref": {
+        "hybrid_engine": True,
+        "model": {"path": "Qwen/Qwen2.5-0.5B-Instruct"},
+        "actor": {
+            "strategy": "fsdp",
+            "ppo_mini_batch_size": 64,
+            "profiler": {
+                "_target_": "verl.utils.profiler.ProfilerConfig",
+                "tool": "torch",
+                "enable": True,
+                "all_ranks": False,
+                "ranks": [0, 1],
+                "save_path": "outputs/verl_profile",
+                "tool_config": {
+                    "torch": {"contents": ["cpu", "cuda", "shapes"], "discrete": True},
+                    "npu": {"contents": [], "level": "level1", "analysis": True, "discrete": False},
+                },
+            },
+        },
+        "ref": {
+            "profiler": {
+                "enable": True,
+                "all_ranks": False,
+                "ranks": [],
+                "tool_config": {"torch": {"discrete": False}},
+            }
+        },
+        "rollout": {
+            "name": "vllm",
+            "mode": "async",
+            "tensor_model_parallel_size": 2,
+            "data_parallel_size": 1,
+            "pipeline_model_parallel_size": 1,
+            "gpu_memory_utilization": 0.5,
+            "profiler": {
+                "tool": "torch",
+                "enable": True,
+                "all_ranks": False,
+                "ranks": [0, 2, 3],
+                "tool_config": {
+                    "torch": {
+                        "contents": [],
+                        "discrete": True,
+                        "profile_token_start": 12,
+                        "profile_token_end": 46,
+                    }
+                },
+            },
+        },
+    },
+    "critic": {
+        "strategy": "fsdp",
+        "profiler": {
+            "enable": False,
+            "all_ranks": False,
+            "ranks": [0],
+            "tool_config": {"torch": {"discrete": True}},
+        },
+    },
+}
+
+
+def verl_with(path: str, value: object) -> dict[str, Any]:
+    cfg = copy.deepcopy(VERL)
+    *parents, last = path.split(".")
+    node = cfg
+    for part in parents:
+        node = node.setdefault(part, {})
+    if value is _DELETE:
+        node.pop(last, None)
+    else:
+        node[last] = value
+    return cfg
+
+
+_DELETE = object()
+
+
+def test_from_verl_maps_every_field() -> None:
+    cfg = ProfilerConfig.from_verl(VERL)
+    gp = cfg.global_profiler
+    assert gp.tool == "torch"
+    assert gp.steps == StepSelection.parse([1, 2, 5])
+    assert gp.save_path == Path("outputs/verl_profile")
+    assert gp.continuous is False
+    assert cfg.roles["actor"] == RoleConfig(enable=True, all_ranks=False, ranks=[0, 1], discrete=True)
+    assert cfg.roles["ref"] == RoleConfig(enable=True, all_ranks=False, ranks=[0], discrete=False)
+    assert cfg.roles["critic"] == RoleConfig(enable=False, ranks=[0], discrete=True)
+    assert not cfg.roles["critic"].selects(0)
+    # Global ranks [0, 2, 3] with tp=2: rank 0 is replica 0, ranks 2 and 3 are replica 1.
+    assert cfg.rollout == RolloutConfig(
+        enable=True, replicas=[0, 1], start="on_step", delay=12, forward_steps=34
+    )
+    assert cfg.tool_config.torch.contents == ["cpu", "cuda", "shapes"]
+    assert cfg.tool_config.npu.contents == ["npu", "cpu", "memory", "shapes", "module", "stack"]
+    assert (cfg.tool_config.npu.level, cfg.tool_config.npu.analysis) == ("level1", True)
+    assert cfg.tool_config.nsys.trace == ["cuda", "nvtx", "cublas", "ucx"]
+    assert cfg.tool_config.torch_memory.max_entries == 50_000
+    assert cfg.tool_config.torch_memory.stack_depth == 16
+    assert cfg.timeouts == ProfilerConfig().timeouts
+    assert load_config(cfg.to_yaml()) == cfg
+
+
+def test_from_verl_rollout_inherits_actor() -> None:
+    cfg = ProfilerConfig.from_verl(verl_with("actor_rollout_ref.rollout.profiler", _DELETE))
+    assert cfg.rollout.enable is True
+    assert cfg.rollout.replicas == [0]  # actor ranks [0, 1] both live in replica 0 (tp=2)
+    assert (cfg.rollout.delay, cfg.rollout.forward_steps) == (0, None)
+    # A raw verl YAML keeps its interpolations; they mean "inherit" as well.
+    raw = verl_with(
+        "actor_rollout_ref.rollout.profiler.ranks",
+        "${oc.select:actor_rollout_ref.actor.profiler.ranks,[]}",
+    )
+    assert ProfilerConfig.from_verl(raw).rollout.replicas == [0]
+
+
+def test_from_verl_rollout_all_ranks_and_sizes() -> None:
+    cfg = ProfilerConfig.from_verl(verl_with("actor_rollout_ref.rollout.profiler.all_ranks", True))
+    assert cfg.rollout.replicas == "all"
+    wide = verl_with("actor_rollout_ref.rollout.data_parallel_size", 2)  # W = 4
+    assert ProfilerConfig.from_verl(wide).rollout.replicas == [0]
+    narrow = verl_with("actor_rollout_ref.rollout.tensor_model_parallel_size", None)  # W = 1
+    assert ProfilerConfig.from_verl(narrow).rollout.replicas == [0, 2, 3]
+
+
+def test_from_verl_token_start_only() -> None:
+    cfg = ProfilerConfig.from_verl(
+        verl_with("actor_rollout_ref.rollout.profiler.tool_config.torch.profile_token_end", None)
+    )
+    assert (cfg.rollout.delay, cfg.rollout.forward_steps) == (12, None)
+
+
+def test_from_verl_nsys_discrete_from_global_block() -> None:
+    cfg = verl_with("global_profiler.tool", "nsys")
+    cfg["global_profiler"]["global_tool_config"]["nsys"]["discrete"] = True
+    mapped = ProfilerConfig.from_verl(cfg)
+    assert mapped.global_profiler.tool == "nsys"
+    assert all(role.discrete for role in mapped.roles.values())
+    cfg["global_profiler"]["global_tool_config"]["nsys"]["discrete"] = "yes"
+    with pytest.raises(ConfigError) as info:
+        ProfilerConfig.from_verl(cfg)
+    assert info.value.key == "global_profiler.global_tool_config.nsys.discrete"
+
+
+def test_from_verl_minimal() -> None:
+    cfg = ProfilerConfig.from_verl({"global_profiler": {"steps": None}})
+    assert cfg.global_profiler.steps.is_empty
+    assert cfg.roles == {}
+    assert cfg.rollout.enable is False  # verl's profilers are off unless enabled
+    assert ProfilerConfig.from_verl({}) == cfg
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("global_profiler.steps", "often"),
+        ("global_profiler.tool", "precision_debugger"),
+        ("global_profiler.profile_continuous_steps", "no"),
+        ("global_profiler.save_path", 3.5),
+        ("global_profiler.global_tool_config.torch_memory.trace_alloc_max_entries", 0),
+        ("actor_rollout_ref.actor.profiler.enable", "yes"),
+        ("actor_rollout_ref.actor.profiler.ranks", "0"),
+        ("actor_rollout_ref.actor.profiler.tool_config.torch.discrete", 1),
+        ("actor_rollout_ref.actor.profiler.tool_config.torch.contents", ["gpu"]),
+        ("actor_rollout_ref.actor.profiler.tool_config.npu.level", "max"),
+        ("actor_rollout_ref.ref.profiler", [1]),
+        ("critic.profiler.all_ranks", "all"),
+        ("actor_rollout_ref.rollout.profiler.ranks", [0, "1"]),
+        ("actor_rollout_ref.rollout.profiler.all_ranks", 1),
+        ("actor_rollout_ref.rollout.tensor_model_parallel_size", 0),
+        ("actor_rollout_ref.rollout.data_parallel_size", "2"),
+        ("actor_rollout_ref.rollout.profiler.tool_config.torch.profile_token_start", -1),
+        ("actor_rollout_ref.rollout.profiler.tool_config.torch.profile_token_end", 12),
+        ("actor_rollout_ref.rollout", "vllm"),
+    ],
+)
+def test_from_verl_wrong_type_names_verl_key(path: str, value: object) -> None:
+    with pytest.raises(ConfigError) as info:
+        ProfilerConfig.from_verl(verl_with(path, value))
+    assert info.value.key is not None
+    assert info.value.key.startswith(path), str(info.value)
+
+
+def test_from_verl_rejects_non_mapping() -> None:
+    with pytest.raises(ConfigError):
+        ProfilerConfig.from_verl([1, 2])  # type: ignore[arg-type]
+
+
+@settings(max_examples=200)
+@given(
+    st.dictionaries(
+        st.sampled_from(["global_profiler", "actor_rollout_ref", "critic"]),
+        st.recursive(
+            leaves,
+            lambda children: st.one_of(
+                st.lists(children, max_size=3),
+                st.dictionaries(
+                    st.sampled_from(
+                        ["profiler", "actor", "rollout", "ref", "enable", "ranks", "all_ranks",
+                         "tool_config", "torch", "npu", "contents", "discrete", "steps", "tool",
+                         "profile_token_start", "profile_token_end", "tensor_model_parallel_size",
+                         "global_tool_config", "nsys", "torch_memory", "stack_depth"]
+                    ),  # fmt: skip
+                    children,
+                    max_size=4,
+                ),
+            ),
+            max_leaves=20,
+        ),
+    )
+)
+def test_from_verl_fuzz(data: dict[str, Any]) -> None:
+    try:
+        ProfilerConfig.from_verl(data)
+    except ConfigError:
+        pass
+
+
+# --- the documentation matches the code -----------------------------------------------------
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+
+
+def documented_defaults() -> dict[str, object]:
+    """`key` -> default, read from the first two cells of every key table row in the docs."""
+    rows: dict[str, object] = {}
+    for line in DOC.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 3 and cells[0].startswith("`") and cells[1].startswith("`"):
+            rows[cells[0].strip("`")] = yaml.safe_load(cells[1].split("`")[1])
+    return rows
+
+
+def actual_defaults() -> dict[str, object]:
+    def flatten(prefix: str, value: object, out: dict[str, object]) -> None:
+        if isinstance(value, dict) and value:
+            for k, v in value.items():
+                flatten(f"{prefix}.{k}" if prefix else k, v, out)
+        else:
+            out[prefix] = value
+
+    out: dict[str, object] = {}
+    flatten("", ProfilerConfig().model_dump(mode="json"), out)
+    del out["roles"]
+    flatten("roles.<name>", RoleConfig().model_dump(mode="json"), out)
+    return out
+
+
+def test_docs_list_every_key_with_its_default() -> None:
+    documented = documented_defaults()
+    for key, default in actual_defaults().items():
+        assert key in documented, f"{key} is not documented"
+        assert documented[key] == default, f"{key}: docs say {documented[key]!r}"
