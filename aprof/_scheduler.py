@@ -113,7 +113,11 @@ class Profiler:
         else:
             raise ValueError(f"target {name!r} has kind {target.kind!r}; use 'rollout' or 'role'")
         machine = TargetMachine(
-            target, timeouts=self.config.timeouts, observer=self, layout=self._layout
+            target,
+            timeouts=self.config.timeouts,
+            layout=self._layout,
+            on_change=self._changed,
+            on_note=self._note,
         )
         self._machines[name] = machine
         if target.kind == "rollout":
@@ -315,7 +319,7 @@ class Profiler:
     def _open_window(self, machine: TargetMachine, step: int) -> WindowRun | None:
         target = machine.target
         if (step, target.name) in self._runs:
-            self.note(step, target.name, "step entered again: its window was already captured")
+            self._note(step, target.name, "step entered again: its window was already captured")
             return None
         cfg = self.config
         if target.kind == "rollout":
@@ -351,7 +355,7 @@ class Profiler:
             run.phase = Phase.ENDED
             record.state, record.stop_reason = "failed", "error"
             record.error = f"cannot create {folder}: {exc.strerror or exc}"
-            self.changed(run, "failed", error=record.error)
+            self._changed(run, "failed", record.error)
             return run
         machine.open(run)
         return run
@@ -373,7 +377,7 @@ class Profiler:
         )
         self._manifest.windows.append(record)
         self._log.info("window skipped", step=step, target=target.name, why=why)
-        self.note(step, target.name, why)
+        self._note(step, target.name, why)
 
     def _close(self, run: WindowRun, reason: StopReason) -> asyncio.Task[None]:
         task = self._machines[run.window.target].close(run, reason)
@@ -382,18 +386,18 @@ class Profiler:
             task.add_done_callback(self._tasks.discard)
         return task
 
-    # -- RunObserver --------------------------------------------------------------------------
+    # -- what the state machines report -------------------------------------------------------
 
-    def changed(self, run: WindowRun, event: str, **details: object) -> None:
-        """Log a window transition and rewrite the manifest."""
-        fields = {k: v for k, v in details.items() if v is not None}
+    def _changed(self, run: WindowRun, event: str, detail: str | None) -> None:
+        """Log a window transition once and rewrite the manifest."""
+        fields = {} if detail is None else {"detail": detail}
         log = self._log.warning if event in _FAILED else self._log.info
         log(f"window {event}", step=run.window.step, target=run.window.target, **fields)
         if event == "done":
             self._flag_if_large(run)
         self._save()
 
-    def note(self, step: int, target: str, text: str) -> None:
+    def _note(self, step: int, target: str, text: str) -> None:
         """Write down something about a window that is not a failure."""
         self._manifest.notes.append(Note(step=step, target=target, text=text))
         self._save()

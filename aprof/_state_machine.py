@@ -11,10 +11,9 @@ import asyncio
 import enum
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 from aprof._capture import CaptureResult, CaptureTarget, Window
 from aprof._config import TimeoutsConfig
@@ -42,14 +41,10 @@ class Phase(enum.Enum):
     ENDED = "ended"
 
 
-class RunObserver(Protocol):
-    """What the scheduler hears from its state machines."""
-
-    def changed(self, run: WindowRun, event: str, **details: object) -> None:
-        """A window changed; ``event`` names the transition."""
-
-    def note(self, step: int, target: str, text: str) -> None:
-        """Something about a window worth writing down that is not a failure."""
+OnChange = Callable[["WindowRun", str, "str | None"], None]
+"""Told ``(run, event, detail)`` on every window transition; ``event`` names it."""
+OnNote = Callable[[int, str, str], None]
+"""Told ``(step, target, text)``: something worth writing down that is not a failure."""
 
 
 @dataclass(eq=False)
@@ -93,14 +88,16 @@ class TargetMachine:
         target: CaptureTarget,
         *,
         timeouts: TimeoutsConfig,
-        observer: RunObserver,
         layout: OutputLayout,
+        on_change: OnChange,
+        on_note: OnNote,
     ) -> None:
         self.target = target
         self._layout = layout
+        self._changed = on_change
+        self._note = on_note
         self.state = TargetState.IDLE
         self._timeouts = timeouts
-        self._observer = observer
         self._previous: WindowRun | None = None
 
     @property
@@ -136,7 +133,7 @@ class TargetMachine:
     def _enter_starting(self, run: WindowRun) -> None:
         run.phase = Phase.STARTING
         self.state = TargetState.STARTING
-        self._observer.changed(run, "starting")
+        self._changed(run, "starting", None)
 
     async def _start(self, run: WindowRun, after: asyncio.Event | None) -> None:
         try:
@@ -161,7 +158,7 @@ class TargetMachine:
             run.phase = Phase.ACTIVE
             self.state = TargetState.ACTIVE
             run.record.started_ns = time.time_ns()
-            self._observer.changed(run, "active")
+            self._changed(run, "active", None)
             if self.polls and run.stop_task is None:
                 run.poll_task = asyncio.get_running_loop().create_task(
                     self._poll(run), name=f"aprof-poll-{run.window.prefix}"
@@ -182,7 +179,7 @@ class TargetMachine:
         run.baseline = await self._read_counter(run)
         if run.baseline is None:
             if _bounded(window):
-                self._observer.note(
+                self._note(
                     window.step,
                     window.target,
                     "target reports no forward-step counter: window runs until the step ends",
@@ -198,7 +195,7 @@ class TargetMachine:
             count = await self._read_counter(run)
             if count is None:
                 run.record.forward_steps.enforced_by = "none"
-                self._observer.note(
+                self._note(
                     window.step,
                     window.target,
                     "forward-step counter lost: window runs until step end",
@@ -212,8 +209,8 @@ class TargetMachine:
         try:
             async with asyncio.timeout(self._timeouts.connect_s):
                 count = await self.target.forward_steps()
-        except (Exception, TimeoutError) as exc:
-            self._observer.note(
+        except Exception as exc:  # TimeoutError included
+            self._note(
                 run.window.step, run.window.target, f"forward-step counter: {_describe(exc)}"
             )
             return None
@@ -240,7 +237,7 @@ class TargetMachine:
             run.poll_task.cancel()
         run.phase = Phase.STOPPING
         self.state = TargetState.STOPPING
-        self._observer.changed(run, "stopping", reason=run.record.stop_reason)
+        self._changed(run, "stopping", run.record.stop_reason)
         if self.polls and run.baseline is not None and run.record.stop_reason != "auto_stop":
             await self._read_counter(run)
         try:
@@ -270,11 +267,11 @@ class TargetMachine:
         ]
         missing = [n for n, size in zip(names, sizes, strict=True) if size < 0]
         if missing:
-            self._observer.note(
+            self._note(
                 run.window.step, run.window.target, f"listed files missing: {', '.join(missing)}"
             )
         if result.note:
-            self._observer.note(run.window.step, run.window.target, result.note)
+            self._note(run.window.step, run.window.target, result.note)
 
     def _end(self, run: WindowRun, state: str, *, error: str | None) -> None:
         run.phase = Phase.ENDED
@@ -283,7 +280,7 @@ class TargetMachine:
         record.error = error
         if state != "skipped":
             record.stopped_ns = time.time_ns()
-        self._observer.changed(run, state, error=error)
+        self._changed(run, state, error)
 
 
 def _bounded(window: Window) -> bool:

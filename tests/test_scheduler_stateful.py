@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, currently_in_test_context, event, given, settings
 from hypothesis import strategies as st
 
 import aprof
@@ -374,6 +374,8 @@ def check_after_close(
     records = {(w.step, w.target): w for w in manifest.windows}
 
     for (step, target), w in records.items():
+        if currently_in_test_context():  # coverage statistics: --hypothesis-show-statistics
+            event(f"window {w.kind} {w.state} {w.stop_reason}")
         assert w.state in FINAL_STATES, f"{target} step {step} left {w.state!r}"
         if w.state == "done":
             assert w.started_ns is not None and w.stopped_ns is not None
@@ -436,7 +438,7 @@ def run(program: Program) -> None:
 
 
 @settings(
-    max_examples=60,
+    max_examples=200,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
