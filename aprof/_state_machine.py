@@ -140,8 +140,9 @@ class TargetMachine:
             if after is not None:
                 await after.wait()  # bounded: the previous stop has its own timeout
                 if run.stop_task is not None:
-                    self._end(run, "skipped", error=None)
-                    run.record.error = "window ended before the previous stop finished"
+                    self._end(
+                        run, "skipped", error="window ended before the previous stop finished"
+                    )
                     return
                 self._enter_starting(run)
             try:
@@ -158,13 +159,13 @@ class TargetMachine:
             run.phase = Phase.ACTIVE
             self.state = TargetState.ACTIVE
             run.record.started_ns = time.time_ns()
+            if _bounded(run.window):
+                run.record.forward_steps.enforced_by = "aprof" if self.polls else "server"
             self._changed(run, "active", None)
             if self.polls and run.stop_task is None:
                 run.poll_task = asyncio.get_running_loop().create_task(
                     self._poll(run), name=f"aprof-poll-{run.window.prefix}"
                 )
-            elif not self.polls and _bounded(run.window):
-                run.record.forward_steps.enforced_by = "server"
         finally:
             run.started.set()
 
@@ -179,16 +180,15 @@ class TargetMachine:
         run.baseline = await self._read_counter(run)
         if run.baseline is None:
             if _bounded(window):
+                run.record.forward_steps.enforced_by = "none"
                 self._note(
                     window.step,
                     window.target,
                     "target reports no forward-step counter: window runs until the step ends",
                 )
             return
-        if not _bounded(window):
+        if window.forward_steps is None:
             return
-        run.record.forward_steps.enforced_by = "aprof"
-        assert window.forward_steps is not None
         goal = window.delay + window.forward_steps
         while run.phase is Phase.ACTIVE:  # ends when the window stops or the goal is reached
             await asyncio.sleep(self._timeouts.poll_s)

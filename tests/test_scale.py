@@ -21,7 +21,6 @@ async def test_ten_thousand_requests_over_64_replicas(tmp_path: Path) -> None:
             "global_profiler": {"steps": [1], "save_path": str(save)},
             "rollout": {"replicas": "all", "forward_steps": None},
             "timeouts": {"connect_s": 5, "start_s": 30, "stop_s": 30, "poll_s": 0.05},
-            "log": {"level": "warning"},
         }
     )
     targets = [RecordingTarget(f"replica_{r}", replica=r) for r in range(REPLICAS)]
@@ -36,9 +35,8 @@ async def test_ten_thousand_requests_over_64_replicas(tmp_path: Path) -> None:
             target.advance(1)
         return req
 
-    async with prof:
-        async with prof.step(1):
-            handles = await asyncio.gather(*(request(i) for i in range(REQUESTS)))
+    async with prof, prof.step(1):
+        handles = await asyncio.gather(*(request(i) for i in range(REQUESTS)))
 
     assert all(h.step == 1 and h.captured for h in handles)
     for t in targets:
