@@ -172,6 +172,7 @@ class TargetMachine:
     def _fail_start(self, run: WindowRun, state: str, error: str) -> None:
         run.record.stop_reason = "error"
         self.state = TargetState.IDLE
+        run.released.set()  # no capture runs: the next window need not wait for a stop
         self._end(run, state, error=error)
 
     async def _poll(self, run: WindowRun) -> None:

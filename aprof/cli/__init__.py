@@ -5,17 +5,27 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from aprof.cli import demo, validate
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line, not usage text plus a line."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every `aprof` subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="aprof",
         description="Asyncio-native profiling runtime for LLM agent loops and async RL training.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
     for command in (demo, validate):
         command.register(sub)
     return parser
