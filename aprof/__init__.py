@@ -3,8 +3,8 @@
 The front door: every public name is defined in a private module named for what it holds.
 """
 
-from aprof._capture import CaptureResult, CaptureTarget, TargetKind, Window
-from aprof._config import ProfilerConfig, load_config
+from aprof._capture import CaptureResult, CaptureTarget, ManagedTarget, TargetKind, Window
+from aprof._config import ProfilerConfig, TimeoutsConfig, load_config
 from aprof._errors import CaptureError, ConfigError
 from aprof._logging import configure_logging
 from aprof._manifest import Manifest, ManifestError, WindowRecord, load_manifest
@@ -19,6 +19,7 @@ __all__ = [
     "CaptureResult",
     "CaptureTarget",
     "ConfigError",
+    "ManagedTarget",
     "Manifest",
     "ManifestError",
     "Profiler",
@@ -26,6 +27,7 @@ __all__ = [
     "Request",
     "StepSelection",
     "TargetKind",
+    "TimeoutsConfig",
     "Window",
     "WindowRecord",
     "__version__",

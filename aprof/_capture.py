@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from aprof._config import TimeoutsConfig
 
 TargetKind = Literal["rollout", "role"]
 
@@ -71,4 +74,18 @@ class CaptureTarget(Protocol):
 
     async def forward_steps(self) -> int | None:
         """The engine's forward-step counter, ``None`` if unknown."""
+        ...
+
+
+@runtime_checkable
+class ManagedTarget(Protocol):
+    """A capture target that holds resources (an HTTP session): opened before its first
+    start, closed when the profiler closes."""
+
+    async def open(self, timeouts: TimeoutsConfig) -> None:
+        """Acquire what the target needs, with the configured connect and call bounds."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release what :meth:`open` acquired."""
         ...

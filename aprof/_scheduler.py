@@ -172,6 +172,13 @@ class Profiler:
                 self._close(run, "run_end")
             self._open_roles.clear()
             await self._wait(self._tasks, self._bound())
+            for machine in self._machines.values():
+                try:
+                    await machine.aclose()
+                except Exception as exc:  # TimeoutError included; closing must go on
+                    self._log.warning(
+                        "target close failed", target=machine.target.name, error=repr(exc)
+                    )
         finally:
             for run in self._runs.values():
                 if run.phase is not Phase.ENDED:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aprof._capture import CaptureResult, CaptureTarget, Window
+from aprof._capture import CaptureResult, CaptureTarget, ManagedTarget, Window
 from aprof._config import TimeoutsConfig
 from aprof._layout import OutputLayout
 from aprof._manifest import FileEntry, StopReason, WindowRecord
@@ -99,6 +99,8 @@ class TargetMachine:
         self.state = TargetState.IDLE
         self._timeouts = timeouts
         self._previous: WindowRun | None = None
+        self.opened = False
+        """The target's resources are held (see ``ManagedTarget``)."""
 
     @property
     def polls(self) -> bool:
@@ -147,6 +149,7 @@ class TargetMachine:
                 self._enter_starting(run)
             try:
                 async with asyncio.timeout(self._timeouts.start_s):
+                    await self._ensure_open()
                     await self.target.start(run.window)
             except TimeoutError:
                 self._fail_start(
@@ -168,6 +171,19 @@ class TargetMachine:
                 )
         finally:
             run.started.set()
+
+    async def _ensure_open(self) -> None:
+        # Windows of one target never start concurrently, so a flag is enough.
+        if not self.opened and isinstance(self.target, ManagedTarget):
+            await self.target.open(self._timeouts)
+        self.opened = True
+
+    async def aclose(self) -> None:
+        """Release the target's resources if it was opened; failures are the caller's to log."""
+        if self.opened and isinstance(self.target, ManagedTarget):
+            self.opened = False
+            async with asyncio.timeout(self._timeouts.connect_s):
+                await self.target.aclose()
 
     def _fail_start(self, run: WindowRun, state: str, error: str) -> None:
         run.record.stop_reason = "error"

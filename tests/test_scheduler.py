@@ -516,3 +516,54 @@ def test_load_manifest_errors_name_the_file(tmp_path: Path) -> None:
     bad.write_text('{"schema": "other/1"}')
     with pytest.raises(aprof.ManifestError, match="expected schema"):
         aprof.load_manifest(bad)
+
+
+class SessionTarget(RecordingTarget):
+    """A target holding a resource: opened before its first start, closed with the profiler."""
+
+    def __init__(self, *args: Any, fail_open: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.opens: list[aprof.TimeoutsConfig] = []
+        self.closes = 0
+        self.fail_open = fail_open
+
+    async def open(self, timeouts: aprof.TimeoutsConfig) -> None:
+        self.opens.append(timeouts)
+        if self.fail_open:
+            raise ConnectionRefusedError("connection refused")
+
+    async def aclose(self) -> None:
+        self.closes += 1
+
+
+async def test_managed_targets_are_opened_once_and_closed_with_the_profiler(
+    make_config: MakeConfig,
+) -> None:
+    """``open`` runs before the first start with the configured timeouts; ``aclose`` at the end."""
+    used = SessionTarget("replica_0", replica=0)
+    unused = SessionTarget("replica_1", replica=1)
+    cfg = make_config(global_profiler={"steps": [1, 2], "wait_for_stops": True})
+    async with aprof.Profiler(cfg) as prof:
+        prof.add_target(used)
+        prof.add_target(unused)
+        for step in (1, 2):
+            async with prof.step(step):
+                await generate(prof, used, 1)
+        assert used.closes == 0
+    assert used.opens == [cfg.timeouts] and used.closes == 1
+    assert unused.opens == [] and unused.closes == 0
+    assert isinstance(used, aprof.ManagedTarget)
+
+
+async def test_failing_open_fails_the_window(make_config: MakeConfig) -> None:
+    """A target whose resources cannot be acquired fails its window like a failed start."""
+    target = SessionTarget("replica_0", replica=0, fail_open=True)
+    async with aprof.Profiler(make_config()) as prof:
+        prof.add_target(target)
+        async with prof.step(1):
+            req = await generate(prof, target, 1)
+    assert not req.captured and target.starts == []
+    assert_windows(
+        prof.manifest,
+        [{"state": "failed", "error": "start failed: ConnectionRefusedError: connection refused"}],
+    )
