@@ -63,6 +63,7 @@ class Profiler:
         self._open_roles: dict[str, WindowRun] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._step: int | None = None
+        self._entered: set[int] = set()
         self._rollout_live = False
         self._status: Literal["new", "open", "closed"] = "new"
         self._log = logger.bind(run_id=self._run_id)
@@ -212,6 +213,9 @@ class Profiler:
         self._step = n
         if not selected:
             return
+        if n in self._entered:
+            self._note(n, None, f"step {n} entered again: its windows were captured before")
+        self._entered.add(n)
         try:
             starting: list[WindowRun] = []
             for name, machine in self._machines.items():
@@ -326,8 +330,7 @@ class Profiler:
     def _open_window(self, machine: TargetMachine, step: int) -> WindowRun | None:
         target = machine.target
         if (step, target.name) in self._runs:
-            self._note(step, target.name, "step entered again: its window was already captured")
-            return None
+            return None  # started at most once per (step, target), also when a step comes again
         cfg = self.config
         if target.kind == "rollout":
             assert target.replica is not None
@@ -404,7 +407,7 @@ class Profiler:
             self._flag_if_large(run)
         self._save()
 
-    def _note(self, step: int, target: str, text: str) -> None:
+    def _note(self, step: int, target: str | None, text: str) -> None:
         """Write down something about a window that is not a failure."""
         self._manifest.notes.append(Note(step=step, target=target, text=text))
         self._save()

@@ -436,8 +436,12 @@ async def test_reentered_step_is_not_captured_twice(make_config: MakeConfig) -> 
         prof.add_target(target)
         for _ in range(2):
             async with prof.step(1):
-                await generate(prof, target, 1)
+                for _ in range(3):
+                    await generate(prof, target, 1)
     assert len(target.starts) == 1 and len(prof.manifest.windows) == 1
+    assert [n.text for n in prof.manifest.notes] == [
+        "step 1 entered again: its windows were captured before"
+    ]
 
 
 async def test_misuse_raises_clear_errors(make_config: MakeConfig, tmp_path: Path) -> None:
