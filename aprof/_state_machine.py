@@ -72,7 +72,6 @@ class WindowRun:
     """Requests admitted while the window was starting or active (hot path: a plain int)."""
     gated: int = 0
     """Of those, requests that waited for the start."""
-    """Its failure already reached a caller (``strict: true``)."""
 
     @property
     def active(self) -> bool:
