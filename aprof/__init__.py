@@ -3,7 +3,14 @@
 The front door: every public name is defined in a private module named for what it holds.
 """
 
-from aprof._capture import CaptureResult, CaptureTarget, ManagedTarget, TargetKind, Window
+from aprof._capture import (
+    CaptureResult,
+    CaptureTarget,
+    CountSource,
+    ManagedTarget,
+    TargetKind,
+    Window,
+)
 from aprof._config import ProfilerConfig, TimeoutsConfig, load_config
 from aprof._errors import CaptureError, ConfigError
 from aprof._logging import configure_logging
@@ -19,6 +26,7 @@ __all__ = [
     "CaptureResult",
     "CaptureTarget",
     "ConfigError",
+    "CountSource",
     "ManagedTarget",
     "Manifest",
     "ManifestError",

@@ -10,6 +10,8 @@ if TYPE_CHECKING:
     from aprof._config import TimeoutsConfig
 
 TargetKind = Literal["rollout", "role"]
+CountSource = Literal["trace", "counter"]
+"""Where an observed forward-step count comes from: the capture's files, or the engine's counter."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +42,8 @@ class CaptureResult:
     """Files the capture produced (absolute, or relative to ``save_path``)."""
     forward_steps: int | None = None
     """Engine forward steps the capture saw, ``None`` if unknown."""
+    counted_from: CountSource | None = None
+    """How ``forward_steps`` was counted: iteration records in the files, or the counter."""
     auto_stopped: bool = False
     """The target (the server) had already ended the capture on its own."""
     note: str | None = None

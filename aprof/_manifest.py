@@ -33,6 +33,8 @@ class ForwardSteps(_Model):
     requested: int | None = None
     observed: int | None = None
     enforced_by: EnforcedBy = "none"
+    counted_from: Literal["trace", "counter"] | None = None
+    """``observed`` counted from the capture's files (``trace``) or the engine's counter."""
 
 
 class RequestCounts(_Model):

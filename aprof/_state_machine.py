@@ -271,10 +271,12 @@ class TargetMachine:
         record = run.record
         if result.auto_stopped:
             record.stop_reason = "auto_stop"
-        observed = result.forward_steps
-        if observed is None and run.baseline is not None and run.last_count is not None:
-            observed = run.last_count - run.baseline
-        record.forward_steps.observed = observed
+        counts = record.forward_steps
+        counts.observed, counts.counted_from = result.forward_steps, result.counted_from
+        if counts.observed is None and run.baseline is not None and run.last_count is not None:
+            counts.observed, counts.counted_from = run.last_count - run.baseline, "counter"
+        elif counts.observed is not None and counts.counted_from is None:
+            counts.counted_from = "counter"  # a target that does not say counts as its counter
         paths = [self._layout.absolute(Path(p)) for p in result.files]
         sizes = await asyncio.to_thread(_sizes, paths)
         names = [self._layout.relative(p) for p in paths]

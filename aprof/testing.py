@@ -144,6 +144,7 @@ class RecordingTarget:
         return CaptureResult(
             files=(trace,),
             forward_steps=captured if self._counter else None,
+            counted_from="counter" if self._counter else None,
             auto_stopped=auto,
         )
 

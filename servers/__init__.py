@@ -1,1 +1,23 @@
 """servers: inference-server capture targets (vLLM, SGLang) and the embedded reference server."""
+
+from servers._http import ServerError
+from servers.engines import SGLangEngine, VLLMEngine
+from servers.launch import LaunchSpec, launch_spec
+from servers.process import LaunchedServer, LaunchError, launch
+from servers.sglang import SGLangServer
+from servers.vllm import ProfilingDisabledError, SessionConflictError, VLLMServer
+
+__all__ = [
+    "LaunchError",
+    "LaunchSpec",
+    "LaunchedServer",
+    "ProfilingDisabledError",
+    "SGLangEngine",
+    "SGLangServer",
+    "ServerError",
+    "SessionConflictError",
+    "VLLMEngine",
+    "VLLMServer",
+    "launch",
+    "launch_spec",
+]

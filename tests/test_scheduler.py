@@ -59,6 +59,7 @@ async def test_discontinuous_steps_give_three_independent_windows_per_replica(
                 "forward_steps.requested": 3,
                 "forward_steps.observed": 3,
                 "forward_steps.enforced_by": "aprof",
+                "forward_steps.counted_from": "counter",
                 "requests.admitted": 1,
             }
             for s in (1, 2, 5)
@@ -95,6 +96,7 @@ async def test_server_enforced_window_is_delegated(make_config: MakeConfig) -> N
                     "requested": 4,
                     "observed": 4,
                     "enforced_by": "server",
+                    "counted_from": "counter",
                 },
             }
         ],
@@ -493,7 +495,9 @@ async def test_manifest_on_disk_has_the_contract_keys(make_config: MakeConfig) -
         "step", "target", "kind", "tool", "state", "stop_reason", "started_ns", "stopped_ns",
         "forward_steps", "requests", "files", "error",
     }  # fmt: skip
-    assert set(window["forward_steps"]) == {"delay", "requested", "observed", "enforced_by"}
+    assert set(window["forward_steps"]) == {
+        "delay", "requested", "observed", "enforced_by", "counted_from"
+    }  # fmt: skip
     assert set(window["requests"]) == {"admitted", "gated"}
     assert window["started_ns"] <= window["stopped_ns"]
     assert aprof.load_manifest(prof.save_path) == prof.manifest

@@ -1,0 +1,63 @@
+"""``aprof launch-args``: the environment and arguments that enable profiling on a server."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from aprof._errors import ConfigError
+from servers.launch import ENGINES, launch_spec
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``launch-args`` subcommand."""
+    parser = sub.add_parser(
+        "launch-args",
+        help="print the env and args that launch a server ready for profiling",
+        description=(
+            "Print, shell-ready, what a server launch needs so that aprof can profile it as "
+            "CONFIG says: `export K=V` lines, then the arguments to append to the server's "
+            "command line (or, with --command, the whole command). Lines starting with '#' "
+            "name settings this engine and version cannot apply."
+        ),
+    )
+    parser.add_argument("config", metavar="CONFIG", nargs="?", help="aprof config file")
+    parser.add_argument("--engine", required=True, choices=ENGINES, help="server kind")
+    parser.add_argument("--version", required=True, help="engine version, e.g. 0.12.0")
+    parser.add_argument(
+        "--profiler-dir", type=Path, help="trace folder (default <save_path>/server_traces)"
+    )
+    parser.add_argument(
+        "--dialect", choices=("vllm", "sglang"), default="vllm", help="reference server dialect"
+    )
+    parser.add_argument("--no-profiling", action="store_true", help="a launch without profiling")
+    parser.add_argument("--command", action="store_true", help="print the whole command line")
+    parser.add_argument("--model", help="model path or name (completes the command)")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port (default: the engine's)")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the launch settings and return 0, or print one error line and return 1."""
+    try:
+        spec = launch_spec(
+            args.engine,
+            args.config,
+            version=args.version,
+            profiler_dir=args.profiler_dir,
+            profiling=not args.no_profiling,
+            model=args.model,
+            host=args.host,
+            port=args.port,
+            dialect=args.dialect,
+        )
+        if args.command and not spec.command:
+            raise ValueError(f"--command needs --model for engine {args.engine}")
+    except (ConfigError, ValueError) as exc:
+        message = str(exc).replace("\r", "\\r").replace("\n", "\\n")
+        print(f"aprof launch-args: {message}", file=sys.stderr)
+        return 1
+    sys.stdout.write(spec.shell(command=args.command))
+    return 0

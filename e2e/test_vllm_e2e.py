@@ -1,0 +1,191 @@
+"""aprof against a real vLLM (the CPU build, 0.32.0) serving a tiny Llama on this machine.
+
+Launched through ``launch_spec`` + ``launch``; profiled through the ``VLLMServer`` adapter
+(HTTP) and the in-process ``VLLMEngine`` adapter. Each worker trace is opened and its engine
+iterations counted: the window bounds are checked in what the capture holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+import aprof
+from aprof.testing import assert_windows
+from servers.launch import LaunchSpec, launch_spec
+from servers.process import free_port, launch
+from servers.trace_files import count_vllm_iterations, is_vllm_worker_trace
+
+VERSION = "0.32.0"
+SERVER_ARGS = ["--dtype", "float32", "--max-model-len", "256"]
+HEALTH_TIMEOUT_S = 240
+CONCURRENT = 4
+MAX_TOKENS = 16  # with ignore_eos: 1 prefill + 15 decode steps per request, well over 4 + 1
+
+
+def _config(save_path: Path, steps: list[int]) -> aprof.ProfilerConfig:
+    return aprof.load_config(
+        {
+            # Steps here last a fraction of a second, shorter than a stop (which moves and
+            # counts the traces): without waiting, the next window may still be queued behind
+            # the previous stop when its step ends, and is skipped by design.
+            "global_profiler": {
+                "steps": steps,
+                "save_path": str(save_path),
+                "wait_for_stops": True,
+            },
+            "rollout": {"forward_steps": 4},
+            "tool_config": {"torch": {"contents": ["cpu"]}},
+            "timeouts": {"connect_s": 10, "start_s": 60, "stop_s": 300},
+        }
+    )
+
+
+def _spec(
+    cfg: aprof.ProfilerConfig, model: Path, env: dict[str, str], *, profiling: bool
+) -> LaunchSpec:
+    spec = launch_spec(
+        "vllm",
+        cfg,
+        version=VERSION,
+        profiling=profiling,
+        model=str(model),
+        port=free_port(),
+        server_args=SERVER_ARGS,
+    )
+    return dataclasses.replace(spec, env={**spec.env, **env})
+
+
+async def _run_steps(
+    prof: aprof.Profiler, base_url: str, model: Path, num_steps: int
+) -> list[dict[str, Any]]:
+    """``num_steps`` steps of concurrent completions, each inside ``prof.request``."""
+    answers: list[dict[str, Any]] = []
+
+    async def complete(http: aiohttp.ClientSession, step: int, i: int) -> None:
+        body = {
+            "model": str(model),
+            "prompt": f"hello world {step} {i}",
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        url = f"{base_url}/v1/completions"
+        async with (
+            prof.request(replica=0, request_id=f"s{step}-r{i}"),
+            http.post(url, json=body) as response,
+        ):
+            assert response.status == 200, await response.text()
+            answers.append(await response.json())
+
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        for step in range(1, num_steps + 1):
+            async with prof.step(step):
+                await asyncio.gather(*(complete(http, step, i) for i in range(CONCURRENT)))
+    return answers
+
+
+def _worker_traces(save_path: Path, files: list[str]) -> list[Path]:
+    return [save_path / f for f in files if is_vllm_worker_trace(Path(f))]
+
+
+async def test_profiled_steps_capture_exactly_the_window(
+    tmp_path: Path, tiny_model: Path, owned_env: dict[str, str]
+) -> None:
+    """Steps [1, 2, 5] of 6: one window each, traces in the step folders, 4 iterations each."""
+    save_path = tmp_path / "profile"
+    cfg = _config(save_path, [1, 2, 5])
+    spec = _spec(cfg, tiny_model, owned_env, profiling=True)
+    log = tmp_path / "vllm.log"
+    server = await launch(spec, log_path=log, health_timeout_s=HEALTH_TIMEOUT_S)
+    async with server, aprof.Profiler(cfg) as prof:
+        prof.add_target(server.adapter(replica=0))
+        answers = await _run_steps(prof, server.base_url, tiny_model, 6)
+    assert len(answers) == 6 * CONCURRENT
+    window = {
+        "target": "replica_0",
+        "state": "done",
+        "forward_steps.requested": 4,
+        "forward_steps.enforced_by": "server",
+    }
+    assert_windows(prof.manifest, [{**window, "step": n} for n in (1, 2, 5)])
+    for record in prof.manifest.windows:
+        files = [f.path for f in record.files]
+        assert files, f"step {record.step}: no files"
+        assert all(f.startswith(f"step_{record.step}/rollout/replica_0/") for f in files), files
+        workers = _worker_traces(save_path, files)
+        assert workers, f"step {record.step}: no worker trace among {files}"
+        assert [count_vllm_iterations(w) for w in workers] == [4] * len(workers)
+    assert spec.profiler_dir is not None
+    left = [p.name for p in spec.profiler_dir.iterdir() if is_vllm_worker_trace(p)]
+    assert left == [], "worker traces left behind in the server's trace folder"
+
+
+async def test_server_without_profiling_gives_a_clear_failed_window(
+    tmp_path: Path, tiny_model: Path, owned_env: dict[str, str]
+) -> None:
+    """A vLLM launched without --profiler-config: the window fails and says how to launch it;
+    the requests of the step are served all the same."""
+    cfg = _config(tmp_path / "profile", [1])
+    spec = _spec(cfg, tiny_model, owned_env, profiling=False)
+    assert "--profiler-config.profiler=torch" not in " ".join(spec.command)
+    log = tmp_path / "vllm.log"
+    server = await launch(spec, log_path=log, health_timeout_s=HEALTH_TIMEOUT_S)
+    async with server, aprof.Profiler(cfg) as prof:
+        prof.add_target(server.adapter(replica=0))
+        answers = await _run_steps(prof, server.base_url, tiny_model, 1)
+    assert len(answers) == CONCURRENT
+    assert_windows(prof.manifest, [{"step": 1, "target": "replica_0", "state": "failed"}])
+    error = prof.manifest.windows[0].error or ""
+    assert "404" in error, error
+    assert "--profiler-config.profiler=torch" in error, error
+    assert "--profiler-config.torch_profiler_dir=" in error, error
+
+
+def test_inprocess_asyncllm_through_the_engine_adapter(
+    tmp_path: Path, tiny_model: Path, owned_env: dict[str, str]
+) -> None:
+    """An AsyncLLM of the script's own process, profiled on steps [1, 3] with 3 forward steps."""
+    script = Path(__file__).with_name("inprocess_vllm.py")
+    out = tmp_path / "out"
+    log = tmp_path / "inprocess.log"
+    with log.open("wb") as output:
+        # Its own session: engine processes it leaves behind are killed with the group.
+        process = subprocess.Popen(
+            [sys.executable, str(script), str(tiny_model), str(out)],
+            env={**os.environ, **owned_env},
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            returncode = process.wait(timeout=400)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+    assert returncode == 0, log.read_text(errors="replace")[-4000:]
+    save_path = out / "profile"
+    window = {
+        "target": "replica_0",
+        "state": "done",
+        "stop_reason": "auto_stop",
+        "forward_steps.observed": 3,
+        "forward_steps.enforced_by": "server",
+    }
+    assert_windows(save_path / "manifest.json", [{**window, "step": n} for n in (1, 3)])
+    for record in aprof.load_manifest(save_path / "manifest.json").windows:
+        files = [f.path for f in record.files]
+        assert all(f.startswith(f"step_{record.step}/rollout/replica_0/") for f in files), files
+        workers = _worker_traces(save_path, files)
+        assert workers
+        assert [count_vllm_iterations(w) for w in workers] == [3] * len(workers)

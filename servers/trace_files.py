@@ -1,0 +1,145 @@
+"""Trace files on disk: finding a window's traces and moving them into the window's folder.
+
+Shared by the HTTP adapters (``servers.vllm``, ``servers.sglang``) and the in-process engines
+(``servers.engines``). vLLM writes every capture into the one trace folder fixed at its launch,
+so a window's files are picked out of it (by name prefix, else by modification time) and moved;
+SGLang writes each capture into the folder the window names, so its files are only listed.
+Every function here does blocking file-system work: call it through ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+TRACE_SUFFIXES = (".pt.trace.json.gz", ".pt.trace.json", ".profiler_out.txt")
+"""The file names vLLM gives a capture's traces (torch traces and the summary table)."""
+NPU_DIR_SUFFIX = "_ascend_pt"
+"""torch_npu (vLLM-Ascend, SGLang-NPU) writes one folder per rank instead of a trace file."""
+
+_ITERATION = re.compile(r"execute_(\d+_)?context_\d+\(")
+"""vLLM's per-engine-step annotation (``execute_context_1(2)_generation_0(0)``; with
+``detailed_trace_annotation`` the scheduled token count comes first)."""
+_WORKER_TRACE = re.compile(r"\.pt\.trace\.json(\.gz)?$")
+_MTIME_SLACK_NS = 2_000_000_000  # some file systems keep modification times in 2 s steps
+_PREFIX_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def vllm_prefix(prefix: str) -> str:
+    """``prefix`` as vLLM accepts it for ``profile_prefix`` (1-128 of ``[A-Za-z0-9._-]``,
+    first a letter or digit); vLLM names the capture's files ``<prefix>_...``."""
+    cleaned = _PREFIX_UNSAFE.sub("-", prefix).lstrip("._-")[:128]
+    return cleaned or "aprof"
+
+
+def listing(folder: Path | None) -> dict[str, int] | None:
+    """Entry name -> modification time (ns) of ``folder``, ``None`` if it is not reachable.
+
+    Taken at a capture's start, it tells :func:`relocate` which files the capture wrote.
+    """
+    if folder is None or not folder.is_dir():
+        return None
+    entries = {}
+    with os.scandir(folder) as it:
+        for entry in it:
+            try:
+                entries[entry.name] = entry.stat().st_mtime_ns
+            except FileNotFoundError:
+                continue  # removed while listing
+    return entries
+
+
+def relocate(
+    source: Path,
+    dest: Path,
+    prefix: str | None,
+    before: dict[str, int] | None,
+    since_ns: int,
+) -> tuple[list[Path], list[Path]] | None:
+    """Move a window's traces from the server's trace folder ``source`` into ``dest``.
+
+    The window's traces are those named ``<prefix>_...`` when ``prefix`` is given, else those
+    new or rewritten since the :func:`listing` ``before`` and modified after ``since_ns``.
+    Returns (moved, could not be moved), or ``None`` when ``source`` is not reachable.
+    """
+    now = listing(source)
+    if now is None:
+        return None
+    earlier = before or {}
+    chosen = []
+    for name, mtime in sorted(now.items()):
+        if not _is_trace(name, (source / name).is_dir()):
+            continue
+        if prefix is not None:
+            if name.startswith(prefix + "_"):
+                chosen.append(name)
+        elif earlier.get(name) != mtime and mtime >= since_ns - _MTIME_SLACK_NS:
+            chosen.append(name)
+    moved: list[Path] = []
+    kept: list[Path] = []
+    for name in chosen:
+        try:
+            # A rename on one file system, copy and delete across devices.
+            moved.append(Path(shutil.move(source / name, dest / name)))
+        except OSError:
+            kept.append(source / name)
+    return moved, kept
+
+
+def outputs(folder: Path, npu: bool) -> tuple[Path, ...]:
+    """The files a capture wrote into its own ``folder`` (sorted): its trace files, or with
+    ``npu`` its torch_npu ``*_ascend_pt`` folders; ``()`` if the folder is not there."""
+    if not folder.is_dir():
+        return ()
+    # Hidden names are files still being written (exported under a temporary name).
+    entries = [p for p in folder.iterdir() if not p.name.startswith(".")]
+    if npu:
+        return tuple(sorted(p for p in entries if p.name.endswith(NPU_DIR_SUFFIX)))
+    return tuple(sorted(p for p in entries if p.is_file()))
+
+
+def _is_trace(name: str, is_dir: bool) -> bool:
+    if name.startswith("."):
+        return False  # a file still being written under a temporary name
+    return name.endswith(NPU_DIR_SUFFIX) if is_dir else name.endswith(TRACE_SUFFIXES)
+
+
+def count_vllm_iterations(path: str | os.PathLike[str]) -> int:
+    """The engine steps a vLLM worker trace holds (its per-iteration annotations)."""
+    opener: Callable[..., Any] = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        events = json.load(f).get("traceEvents", [])
+    return sum(
+        1
+        for event in events
+        if event.get("cat") == "user_annotation" and _ITERATION.match(str(event.get("name")))
+    )
+
+
+def _count_or_none(path: Path) -> int | None:
+    try:
+        return count_vllm_iterations(path)
+    except (OSError, EOFError, ValueError):  # unreadable or cut short: not a count
+        return None
+
+
+def is_vllm_worker_trace(path: Path) -> bool:
+    """A worker's torch trace, not the front end's (``…async_llm…``) nor a summary table."""
+    return bool(_WORKER_TRACE.search(path.name)) and ".async_llm." not in path.name
+
+
+def vllm_steps_in(files: tuple[Path, ...] | list[Path]) -> int | None:
+    """Engine steps a capture holds, counted in its worker traces; ``None`` if none is readable.
+
+    Each rank writes one worker trace of the same engine steps, so the largest count is the
+    capture's.
+    """
+    counts = [_count_or_none(f) for f in files if is_vllm_worker_trace(f)]
+    readable = [c for c in counts if c is not None]
+    return max(readable) if readable else None

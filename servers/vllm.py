@@ -1,0 +1,399 @@
+"""vLLM over HTTP: one rollout capture target per server, speaking its version's protocol.
+
+The eras (see ``docs/servers.md``): up to 0.12 profiling is enabled by an environment
+variable, from 0.13 by ``--profiler-config``; from 0.12 the server can bound a capture with
+launch-time iteration limits, from 0.32 per call; from 0.30 a stop with nothing running is a
+harmless no-op, before that it can crash the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import structlog
+
+from aprof import CaptureResult, CountSource, TargetKind, TimeoutsConfig, Window
+from servers._http import ServerClient, ServerError, metric_total
+from servers.trace_files import listing, relocate, vllm_prefix, vllm_steps_in
+
+Version = tuple[int, int]
+"""``(major, minor)`` of a vLLM release."""
+
+FORWARD_METRIC = "vllm:iteration_tokens_total_count"
+"""Rises by one per engine step that produces output (the only step counter vLLM exports)."""
+
+_LAUNCH_BOUNDS: Version = (0, 12)  # VLLM_PROFILER_{DELAY,MAX}_ITERS, then ProfilerConfig
+_CONFIG_FLAG: Version = (0, 13)  # --profiler-config replaces VLLM_TORCH_PROFILER_DIR
+_SAFE_EMPTY_STOP: Version = (0, 30)  # before: a stop with nothing running is a 500 or a crash
+_PER_CALL: Version = (0, 32)  # start body with prefix and bounds; 409 on a second start
+
+
+class ProfilingDisabledError(RuntimeError):
+    """The server has no profiling routes (404): profiling was not enabled at its launch."""
+
+
+class SessionConflictError(RuntimeError):
+    """The server holds a profiling session aprof did not start (409); aprof leaves it alone."""
+
+
+def parse_version(text: str) -> Version:
+    """``(major, minor)`` of a version string such as ``"0.32.0+cpu"``; raises ``ValueError``."""
+    match = re.match(r"\s*v?(\d+)\.(\d+)", text)
+    if match is None:
+        raise ValueError(f"not a vLLM version: {text!r} (expected something like '0.32.0')")
+    return int(match.group(1)), int(match.group(2))
+
+
+def enable_hint(version: Version, profiler_dir: Path | None) -> str:
+    """How to launch vLLM ``version`` with the torch profiler writing into ``profiler_dir``."""
+    where = str(profiler_dir) if profiler_dir is not None else "/path/to/traces"
+    if version < _CONFIG_FLAG:
+        return f"set VLLM_TORCH_PROFILER_DIR={where} in the server's environment"
+    return (
+        "launch it with --profiler-config.profiler=torch "
+        f"--profiler-config.torch_profiler_dir={where}"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Capture:
+    """A capture this adapter started and has not stopped."""
+
+    window: Window
+    started_ns: int
+    """Wall clock just before the start was sent."""
+    baseline: int | None
+    """The forward-step counter once the start was answered."""
+    before: dict[str, int] | None
+    """``profiler_dir`` entries (name -> mtime) at the start, when files are matched by time."""
+
+
+class VLLMServer:
+    """A vLLM server reached over HTTP, as the rollout capture target of one replica.
+
+    ``version`` (``"0.32.0"``) is read from ``GET /version`` when the target opens if not
+    given. ``profiler_dir`` is the trace directory the server was launched with; when this
+    process can reach it, each window's traces are moved into the window's folder.
+    ``launch_window=(delay_iterations, max_iterations)`` declares the bounds a 0.12-0.31
+    server was launched with: it then ends every window itself, and each window must ask
+    for exactly those bounds. ``enforces_window`` is known once the target is open.
+    """
+
+    kind: TargetKind = "rollout"
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        replica: int,
+        api_key: str | None = None,
+        version: str | None = None,
+        profiler_dir: str | os.PathLike[str] | None = None,
+        launch_window: tuple[int, int] | None = None,
+    ) -> None:
+        if launch_window is not None and (len(launch_window) != 2 or min(launch_window) < 0):
+            raise ValueError(f"launch_window is (delay, max) with both >= 0, got {launch_window}")
+        self.name = f"replica_{replica}"
+        self.replica: int | None = replica
+        self.enforces_window = False
+        """True when the server bounds each window itself (per call from 0.32, or at launch)."""
+        self._client = ServerClient(base_url, replica=replica, api_key=api_key)
+        self._version = parse_version(version) if version is not None else None
+        self._profiler_dir = Path(profiler_dir) if profiler_dir is not None else None
+        self._launch_window = launch_window
+        self._lock = asyncio.Lock()
+        self._capture: _Capture | None = None
+        self._unsure = False
+        """A start or stop of ours was interrupted: the server may still hold our session."""
+        self._log = structlog.get_logger("servers").bind(
+            server=self._client.base_url, replica=replica, target=self.name
+        )
+
+    @property
+    def version(self) -> Version | None:
+        """The server's ``(major, minor)``, ``None`` until known."""
+        return self._version
+
+    async def open(self, timeouts: TimeoutsConfig) -> None:
+        """Open the HTTP session and learn the version (``GET /version``) if it was not given.
+
+        Raises ``ValueError`` for an unreadable version or a ``launch_window`` the version
+        cannot honour, and the HTTP errors of ``ServerClient.request``.
+        """
+        await self._client.open(timeouts)
+        if self._version is None:
+            body = await self._client.get_json("/version", timeout_s=timeouts.start_s)
+            text = body.get("version") if isinstance(body, dict) else None
+            if not isinstance(text, str):
+                raise ValueError(f"{self._client.base_url}/version gave no version: {body!r}")
+            self._version = parse_version(text)
+        self.enforces_window = self._bounds_by_server(self._version)
+        self._log.info(
+            "vllm target open",
+            version=_text(self._version),
+            enforces_window=self.enforces_window,
+        )
+
+    async def aclose(self) -> None:
+        """Close the HTTP session."""
+        await self._client.aclose()
+
+    async def start(self, window: Window) -> None:
+        """Start the capture of ``window``.
+
+        Raises ``ProfilingDisabledError`` (404), ``SessionConflictError`` (409), ``ValueError``
+        when the window's bounds differ from ``launch_window``, ``ServerError`` for other
+        answers, and ``RuntimeError`` if a capture of this adapter is still active.
+        """
+        async with self._lock:
+            version = self._opened_version()
+            if self._capture is not None:
+                raise RuntimeError(
+                    f"{self.name}: the capture of {self._capture.window.prefix} is still active"
+                )
+            self._check_launch_window(window)
+            if self._unsure:
+                await self._clear_leftover(version)
+            by_time = version < _PER_CALL and self._profiler_dir is not None
+            before = await asyncio.to_thread(listing, self._profiler_dir) if by_time else None
+            started_ns = time.time_ns()
+            try:
+                await self._client.request(
+                    "POST",
+                    "/start_profile",
+                    json=self._start_body(window, version),
+                    timeout_s=self._client.timeouts.start_s,
+                )
+                baseline = await self._counter_or_none()
+            except ServerError as exc:
+                raise self._explain(exc, version) from None
+            except aiohttp.ClientConnectorError:
+                raise  # never reached the server: nothing can have started
+            except BaseException:
+                self._unsure = True  # cut off on the way: our session may run untracked
+                raise
+            self._capture = _Capture(window, started_ns, baseline, before)
+            self._unsure = False
+
+    async def stop(self, window: Window) -> CaptureResult:
+        """Stop the capture of ``window`` (also after a server-side auto-stop: vLLM needs it
+        before the next start) and relocate its trace files.
+
+        Raises ``RuntimeError`` when this adapter did not start ``window`` (no stop is sent),
+        ``ServerError`` for a non-2xx answer.
+        """
+        async with self._lock:
+            version = self._opened_version()
+            capture = self._capture
+            if capture is None or capture.window != window:
+                raise RuntimeError(
+                    f"{self.name}: this adapter did not start {window.prefix}: nothing stopped"
+                )
+            # Whatever the stop's outcome, the session is no longer one this adapter runs;
+            # until the stop is answered, one cut off on the way may leave it running.
+            self._capture = None
+            self._unsure = True
+            count = await self._counter_or_none()
+            try:
+                await self._client.request(
+                    "POST", "/stop_profile", timeout_s=self._client.timeouts.stop_s
+                )
+            except ServerError as exc:
+                raise self._explain(exc, version) from None
+            self._unsure = False
+            files, note = await self._collect(capture, version)
+            observed, auto_stopped = self._observed(capture, count)
+            traced = await asyncio.to_thread(vllm_steps_in, files)
+            counted_from: CountSource | None
+            if traced is not None:  # what the capture holds beats the counter
+                observed, counted_from = traced, "trace"
+            else:
+                counted_from = None if observed is None else "counter"
+            return CaptureResult(
+                files=files,
+                forward_steps=observed,
+                counted_from=counted_from,
+                auto_stopped=auto_stopped,
+                note=note,
+            )
+
+    async def forward_steps(self) -> int | None:
+        """The engine step counter from ``GET /metrics``, ``None`` if the metric is missing.
+
+        Raises the HTTP errors of ``ServerClient.request``.
+        """
+        timeouts = self._client.timeouts
+        answer = await self._client.request(
+            "GET", "/metrics", timeout_s=timeouts.connect_s, quiet=True
+        )
+        return metric_total(answer.text, FORWARD_METRIC)
+
+    # -- protocol ---------------------------------------------------------------------------
+
+    def _bounds_by_server(self, version: Version) -> bool:
+        if version >= _PER_CALL:
+            return True
+        if self._launch_window is None:
+            return False
+        if version < _LAUNCH_BOUNDS:
+            raise ValueError(
+                f"vLLM {_text(version)} cannot bound captures at launch (0.12+): drop launch_window"
+            )
+        return self._launch_window[1] > 0
+
+    def _check_launch_window(self, window: Window) -> None:
+        if not self.enforces_window or self._launch_window is None:
+            return
+        if self._opened_version() >= _PER_CALL:
+            return  # the per-call body overrides the launch-time bounds
+        delay, most = self._launch_window
+        wanted = (window.delay, window.forward_steps or 0)
+        if wanted != (skipped_steps(delay), most):
+            raise ValueError(
+                f"{self.name} was launched with delay_iterations={delay}, max_iterations={most} "
+                f"(skip {skipped_steps(delay)} steps, record {most}), but the window skips "
+                f"{window.delay} and records {window.forward_steps}: launch it with "
+                f"delay_iterations={delay_iterations(window.delay)}, max_iterations={wanted[1]}, "
+                "or leave launch_window unset to let aprof bound windows by polling"
+            )
+
+    def _start_body(self, window: Window, version: Version) -> dict[str, object] | None:
+        """The per-call bounds of 0.32+; earlier versions ignore any body."""
+        if version < _PER_CALL:
+            return None
+        return {
+            "profile_prefix": vllm_prefix(window.prefix),
+            "delay_iterations": delay_iterations(window.delay),
+            "max_iterations": window.forward_steps or 0,  # 0: until /stop_profile
+        }
+
+    def _explain(self, exc: ServerError, version: Version) -> Exception:
+        """The error a profile route's non-2xx answer stands for."""
+        url = self._client.base_url
+        if exc.status == 404:
+            return ProfilingDisabledError(
+                f"profiling was not enabled at the launch of vLLM {_text(version)} at {url} "
+                f"({exc.method} {exc.url} answered 404): "
+                + enable_hint(version, self._profiler_dir)
+            )
+        if exc.status == 409 and self._unsure:
+            return SessionConflictError(
+                f"a profiling session is active on {url} (start answered 409): most likely the "
+                "one an interrupted start or stop of this adapter left behind, which lands "
+                "late; it is stopped before this replica's next window"
+            )
+        if exc.status == 409:
+            return SessionConflictError(
+                f"a profiling session aprof did not start is active on {url} (start answered "
+                "409); aprof does not stop it: its owner ends it with POST /stop_profile"
+            )
+        return exc
+
+    async def _clear_leftover(self, version: Version) -> None:
+        """End the session an interrupted start or stop of ours may have left running (the
+        flag stays up until a start succeeds: a cut-off start may land after this stop)."""
+        if version < _SAFE_EMPTY_STOP:
+            # A stop with nothing running answers 500 and may crash vLLM before 0.30.
+            self._log.warning(
+                "an interrupted call may have left a capture running; not stopped on this version"
+            )
+        else:
+            self._log.info("stopping what an interrupted call may have left running")
+            try:
+                await self._client.request(
+                    "POST", "/stop_profile", timeout_s=self._client.timeouts.start_s
+                )
+            except ServerError as exc:
+                raise self._explain(exc, version) from None
+
+    async def _counter_or_none(self) -> int | None:
+        try:
+            return await self.forward_steps()
+        except (aiohttp.ClientError, ServerError, TimeoutError) as exc:
+            self._log.debug("forward-step counter unreadable", error=repr(exc))
+            return None
+
+    def _opened_version(self) -> Version:
+        if self._version is None:
+            raise RuntimeError(f"{self.name}: open() the target before starting captures")
+        return self._version
+
+    # -- results ----------------------------------------------------------------------------
+
+    def _server_bounds(self, window: Window) -> tuple[int, int] | None:
+        """``(skipped, max)`` steps the server applies to ``window``; ``None`` when aprof
+        bounds it."""
+        if not self.enforces_window:
+            return None
+        if self._opened_version() >= _PER_CALL:
+            return window.delay, window.forward_steps or 0
+        assert self._launch_window is not None  # enforces_window says so before 0.32
+        delay, most = self._launch_window
+        return skipped_steps(delay), most
+
+    def _observed(self, capture: _Capture, count: int | None) -> tuple[int | None, bool]:
+        """Forward steps the capture saw (counter delta) and whether the server ended it."""
+        if capture.baseline is None or count is None or count < capture.baseline:
+            return None, False  # no counter, or the server restarted in between
+        delta = count - capture.baseline
+        bounds = self._server_bounds(capture.window)
+        if bounds is None:
+            return delta, False
+        skipped, most = bounds
+        captured = max(0, delta - skipped)
+        if most == 0:
+            return captured, False
+        # The server ends the capture inside the step after its last one.
+        return min(captured, most), delta > skipped + most
+
+    async def _collect(
+        self, capture: _Capture, version: Version
+    ) -> tuple[tuple[Path, ...], str | None]:
+        """Move the window's traces into its folder; returns the files and a note, if any."""
+        source = self._profiler_dir
+        window = capture.window
+        if source is None:
+            return (), (
+                "traces stay where vLLM wrote them (its launch-time profiler directory); "
+                f"give VLLMServer profiler_dir= to have them moved into {window.dir}"
+            )
+        prefix = vllm_prefix(window.prefix) if version >= _PER_CALL else None
+        found = await asyncio.to_thread(
+            relocate, source, window.dir, prefix, capture.before, capture.started_ns
+        )
+        if found is None:
+            return (), f"traces stay where vLLM wrote them: {source} is not reachable from here"
+        moved, kept = found
+        if kept:
+            return tuple(moved + kept), (
+                f"{len(kept)} trace file(s) could not be moved from {source}: "
+                "listed where vLLM wrote them"
+            )
+        if not moved:
+            how = f"named {prefix}_*" if prefix else "written during the window"
+            return (), f"no trace files {how} in {source}"
+        return tuple(moved), None
+
+
+def delay_iterations(skip: int) -> int:
+    """vLLM's ``delay_iterations`` that skips ``skip`` engine steps.
+
+    vLLM starts recording inside the step where its count since the start reaches
+    ``delay_iterations`` (before that step's forward), so a value D skips D - 1 steps.
+    """
+    return skip + 1 if skip > 0 else 0
+
+
+def skipped_steps(delay_iterations: int) -> int:
+    """Engine steps vLLM skips for a ``delay_iterations`` value (the inverse of the above)."""
+    return max(delay_iterations - 1, 0)
+
+
+def _text(version: Version) -> str:
+    return f"{version[0]}.{version[1]}"

@@ -1,0 +1,258 @@
+"""``servers.SGLangServer`` over real HTTP against the reference server's SGLang dialect.
+
+SGLang itself cannot run on a CPU-only machine; the reference server follows its HTTP
+protocol (reference note sglang.md, sections 2-6). Window semantics are driven through
+``aprof.Profiler``; protocol details call the adapter directly. Nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Complete, ReferenceFactory
+from structlog.testing import capture_logs
+
+import aprof
+from aprof.testing import assert_windows
+from servers import ServerError, SGLangServer
+from servers.reference import Faults, ReferenceServer, forward_step_numbers
+
+STEPS = [1, 2, 5]
+TIMEOUTS = {"start_s": 30, "stop_s": 30, "poll_s": 0.002, "connect_s": 5}
+
+
+def config(save: Path, **rollout: Any) -> aprof.ProfilerConfig:
+    """Steps [1, 2, 5] of 6, 4 forward steps each. Each step waits for its stop: a window
+    queued behind the previous stop would not gate the next step's request (by design)."""
+    return aprof.load_config(
+        {
+            "global_profiler": {"steps": STEPS, "save_path": str(save), "wait_for_stops": True},
+            "rollout": {"forward_steps": 4, **rollout},
+            "timeouts": TIMEOUTS,
+        }
+    )
+
+
+async def run_steps(
+    prof: aprof.Profiler, server: ReferenceServer, complete: Complete, *, max_tokens: int = 12
+) -> None:
+    """Global steps 1..6, one completion on replica 0 in each."""
+    async with prof:
+        for n in range(1, 7):
+            async with prof.step(n), prof.request(replica=0):
+                await complete(server, max_tokens=max_tokens)
+
+
+def window(folder: Path, *, delay: int = 0, forward_steps: int | None = 4) -> aprof.Window:
+    folder.mkdir(parents=True, exist_ok=True)
+    return aprof.Window(
+        step=1,
+        target="replica_0",
+        kind="rollout",
+        delay=delay,
+        forward_steps=forward_steps,
+        dir=folder,
+        prefix="replica_0-step1-test",
+    )
+
+
+def answered(logs: list[dict[str, Any]], path: str) -> list[dict[str, Any]]:
+    return [e for e in logs if e["event"] == "server answered" and e["path"] == path]
+
+
+@pytest.fixture
+def logs() -> Iterator[list[dict[str, Any]]]:
+    with capture_logs() as captured:
+        yield captured
+
+
+@pytest.fixture
+def timeouts() -> aprof.TimeoutsConfig:
+    return aprof.TimeoutsConfig(**TIMEOUTS)
+
+
+async def test_windows_end_on_the_server_and_get_no_stop(
+    reference_server: ReferenceFactory, complete: Complete, tmp_path: Path, logs: list[Any]
+) -> None:
+    save = tmp_path / "profile"
+    async with asyncio.timeout(120), reference_server(dialect="sglang") as server:
+        prof = aprof.Profiler(config(save))
+        prof.add_target(SGLangServer(server.url, replica=0))
+        await run_steps(prof, server, complete)
+    expected = {"state": "done", "stop_reason": "auto_stop", "forward_steps.observed": 4}
+    assert_windows(
+        prof.manifest,
+        [{"step": n, "forward_steps.enforced_by": "server", **expected} for n in STEPS],
+    )
+    for n in STEPS:
+        record = prof.manifest.window(n, "replica_0")
+        assert record is not None
+        (entry,) = record.files
+        assert entry.path.startswith(f"step_{n}/rollout/replica_0/replica_0-step{n}-")
+        assert entry.path.endswith("-TP-0.trace.json.gz")
+        steps = forward_step_numbers(save / entry.path)
+        assert steps == list(range(steps[0], steps[0] + 4))
+    # Each capture had certainly ended on the server: a stop would have answered 500.
+    assert answered(logs, "/stop_profile") == []
+    assert len(answered(logs, "/start_profile")) == 3
+
+
+async def test_delay_is_a_start_step_from_the_current_counter(
+    reference_server: ReferenceFactory, complete: Complete, tmp_path: Path, timeouts: Any
+) -> None:
+    async with asyncio.timeout(60), reference_server(dialect="sglang") as server:
+        target = SGLangServer(server.url, replica=0)
+        await target.open(timeouts)
+        # Earlier traffic: an absolute start_step of 3 would be long past.
+        await complete(server, max_tokens=10)
+        before = server.forward_steps
+        win = window(tmp_path / "w", delay=3, forward_steps=4)
+        await target.start(win)
+        await complete(server, max_tokens=12)
+        result = await target.stop(win)
+        await target.aclose()
+    (trace,) = result.files
+    assert forward_step_numbers(trace) == [before + 4, before + 5, before + 6, before + 7]
+    assert (result.forward_steps, result.auto_stopped, result.note) == (4, True, None)
+
+
+async def test_stop_is_sent_while_the_capture_runs(
+    reference_server: ReferenceFactory,
+    complete: Complete,
+    tmp_path: Path,
+    timeouts: Any,
+    logs: list[Any],
+) -> None:
+    async with asyncio.timeout(60), reference_server(dialect="sglang") as server:
+        target = SGLangServer(server.url, replica=0)
+        await target.open(timeouts)
+        before = server.forward_steps
+        win = window(tmp_path / "w", forward_steps=50)
+        await target.start(win)
+        await complete(server, max_tokens=6)
+        result = await target.stop(win)
+        await target.aclose()
+    assert [e["status"] for e in answered(logs, "/stop_profile")] == [200]
+    (trace,) = result.files
+    assert forward_step_numbers(trace) == list(range(before + 1, before + 7))
+    assert (result.forward_steps, result.auto_stopped) == (6, False)
+
+
+async def test_500_on_stop_means_already_stopped_only_when_auto_stop_was_asked(
+    reference_server: ReferenceFactory, complete: Complete, tmp_path: Path, timeouts: Any
+) -> None:
+    # Without a readable counter the adapter cannot tell that the auto-stop ran, so it
+    # sends the stop, which SGLang answers with 500: "nothing running".
+    hidden = Faults(fail_routes=frozenset({"/metrics"}))
+    async with asyncio.timeout(60), reference_server(dialect="sglang", faults=hidden) as server:
+        target = SGLangServer(server.url, replica=0)
+        await target.open(timeouts)
+        win = window(tmp_path / "w", forward_steps=2)
+        await target.start(win)
+        await complete(server, max_tokens=6)
+        result = await target.stop(win)
+        await target.aclose()
+    assert result.auto_stopped is True
+    (trace,) = result.files
+    assert len(forward_step_numbers(trace)) == 2
+
+    failing = Faults(fail_routes=frozenset({"/stop_profile"}))
+    async with asyncio.timeout(60), reference_server(dialect="sglang", faults=failing) as server:
+        target = SGLangServer(server.url, replica=0)
+        await target.open(timeouts)
+        win = window(tmp_path / "unbounded", forward_steps=None)
+        await target.start(win)
+        with pytest.raises(ServerError) as raised:
+            await target.stop(win)
+        await target.aclose()
+    assert raised.value.status == 500
+
+
+async def test_delay_without_a_counter_is_noted(
+    reference_server: ReferenceFactory, complete: Complete, tmp_path: Path, timeouts: Any
+) -> None:
+    hidden = Faults(fail_routes=frozenset({"/metrics"}))
+    async with asyncio.timeout(60), reference_server(dialect="sglang", faults=hidden) as server:
+        target = SGLangServer(server.url, replica=0)
+        await target.open(timeouts)
+        win = window(tmp_path / "w", delay=3)
+        await target.start(win)
+        await complete(server, max_tokens=8)
+        result = await target.stop(win)
+        await target.aclose()
+    assert result.note is not None
+    assert "delay of 3 not applied: the server reports no forward counter" in result.note
+    assert result.forward_steps is None
+
+
+async def test_npu_lists_the_ascend_folders(
+    reference_server: ReferenceFactory, complete: Complete, tmp_path: Path, timeouts: Any
+) -> None:
+    async with asyncio.timeout(60), reference_server(dialect="sglang") as server:
+        target = SGLangServer(server.url, replica=0, npu=True)
+        await target.open(timeouts)
+        win = window(tmp_path / "w", forward_steps=None)
+        await target.start(win)
+        await complete(server, max_tokens=3)
+        # The reference server writes a CPU trace; torch_npu would write this folder instead.
+        ascend = win.dir / "host_1234_20250101000000000_ascend_pt"
+        (ascend / "FRAMEWORK").mkdir(parents=True)
+        result = await target.stop(win)
+        await target.aclose()
+    assert result.files == (ascend,)
+    assert result.note is not None and "torch_npu.profiler.profiler.analyse" in result.note
+
+
+async def test_no_files_is_noted(
+    reference_server: ReferenceFactory, complete: Complete, tmp_path: Path, timeouts: Any
+) -> None:
+    async with asyncio.timeout(60), reference_server(dialect="sglang") as server:
+        target = SGLangServer(server.url, replica=0, npu=True)
+        await target.open(timeouts)
+        win = window(tmp_path / "w", forward_steps=None)
+        await target.start(win)
+        await complete(server, max_tokens=3)
+        result = await target.stop(win)
+        await target.aclose()
+    assert result.files == ()
+    assert result.note is not None and "no *_ascend_pt folders" in result.note
+
+
+async def test_never_stops_a_capture_it_did_not_start(
+    reference_server: ReferenceFactory, tmp_path: Path, timeouts: Any, logs: list[Any]
+) -> None:
+    async with asyncio.timeout(30), reference_server(dialect="sglang") as server:
+        target = SGLangServer(server.url, replica=0)
+        await target.open(timeouts)
+        with pytest.raises(RuntimeError, match="did not start"):
+            await target.stop(window(tmp_path / "w"))
+        await target.aclose()
+    assert answered(logs, "/stop_profile") == []
+
+
+async def test_forward_steps_reads_the_reference_counter(
+    reference_server: ReferenceFactory, complete: Complete, timeouts: Any
+) -> None:
+    async with asyncio.timeout(60):
+        async with reference_server(dialect="sglang") as server:
+            target = SGLangServer(server.url, replica=0)
+            await target.open(timeouts)
+            await complete(server, max_tokens=5)
+            assert await target.forward_steps() == server.forward_steps == 5
+            await target.aclose()
+        async with reference_server(vllm_version="0.32.0") as other:
+            target = SGLangServer(other.url, replica=0)
+            await target.open(timeouts)
+            assert await target.forward_steps() is None
+            await target.aclose()
+
+
+def test_is_a_managed_capture_target() -> None:
+    target = SGLangServer("http://127.0.0.1:1/", replica=2)
+    assert isinstance(target, aprof.CaptureTarget) and isinstance(target, aprof.ManagedTarget)
+    assert (target.name, target.kind, target.replica) == ("replica_2", "rollout", 2)
+    assert target.enforces_window is True
