@@ -7,12 +7,13 @@ package ``servers`` and shadow the real one.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from structlog.testing import capture_logs
 
 from servers.reference import ReferenceConfig, ReferenceServer, serve
 
@@ -56,3 +57,10 @@ def complete(http: aiohttp.ClientSession) -> Complete:
             return await response.json()
 
     return run
+
+
+@pytest.fixture
+def logs() -> Iterator[list[dict[str, Any]]]:
+    """Every structlog event logged during the test."""
+    with capture_logs() as captured:
+        yield captured

@@ -6,20 +6,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 from conftest import Complete, ReferenceFactory
-from structlog.testing import capture_logs
 
 import aprof
 from aprof.testing import assert_windows
 from servers import SGLangServer, VLLMServer
+from servers.process import free_port
 from servers.reference import Faults, ReferenceConfig, ReferenceServer, forward_step_numbers, serve
 
 TIMEOUTS = {"start_s": 30, "stop_s": 30, "poll_s": 0.002, "connect_s": 5}
@@ -59,26 +58,12 @@ def window(folder: Path, prefix: str, *, forward_steps: int | None = 4) -> aprof
     )
 
 
-def free_port() -> int:
-    """A port nothing listens on (it was free a moment ago)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
-
-
 async def one_step(
     prof: aprof.Profiler, n: int, server: ReferenceServer | None, complete: Complete
 ) -> None:
     async with prof.step(n), prof.request(replica=0):
         if server is not None:
             await complete(server, max_tokens=12)
-
-
-@pytest.fixture
-def logs() -> Iterator[list[dict[str, Any]]]:
-    with capture_logs() as captured:
-        yield captured
 
 
 @pytest.mark.parametrize(
