@@ -226,13 +226,14 @@ class SGLangEngine:
                 )
             else:
                 await self._manager.start_profile(_profile_req(fields))
-            self._window = window
             self._scheduled = "num_steps" in fields or "start_step" in fields
             # The capture begins with the next batch, or at start_step.
-            counter = await self.forward_steps()
+            counter = await self._counter_or_none()
             begins = None if counter is None else max(counter + 1, _int(fields.get("start_step")))
             self._begins = begins
             self._limit = window.forward_steps
+            # Last: a start that raises must not leave the target holding a window no stop ends.
+            self._window = window
 
     async def stop(self, window: Window) -> CaptureResult:
         """Stop the capture unless the engine has certainly ended it (its trace is there),
@@ -259,9 +260,18 @@ class SGLangEngine:
         """The scheduler's forward count from ``forward_counter``, ``None`` without one."""
         return await self._counter() if self._counter is not None else None
 
+    async def _counter_or_none(self) -> int | None:
+        """``forward_steps()``, ``None`` when ``forward_counter`` fails: once the engine has
+        started or stopped a capture, a counter failure must not undo that bookkeeping."""
+        try:
+            return await self.forward_steps()
+        except Exception as exc:
+            self._log.warning("forward counter failed", error=repr(exc))
+            return None
+
     async def _observed(self) -> int | None:
         """Batches the capture recorded, from the forward counter (``None`` without one)."""
-        count = await self.forward_steps()
+        count = await self._counter_or_none()
         if count is None or self._begins is None:
             return None
         recorded = max(0, count - self._begins + 1)

@@ -157,15 +157,17 @@ async def _wait_healthy(server: LaunchedServer, timeout_s: float) -> None:
                     return
                 await asyncio.wait({exited}, timeout=_HEALTH_POLL_S)
     except TimeoutError:
+        tail = await asyncio.to_thread(server.log_tail)  # file reads stay off the event loop
         raise LaunchError(
             f"{server.spec.engine} server (pid {server.pid}) not healthy at {url} after "
-            f"{timeout_s:g}s; last lines of {server.log_path}:\n{server.log_tail()}"
+            f"{timeout_s:g}s; last lines of {server.log_path}:\n{tail}"
         ) from None
     finally:
         exited.cancel()
+    tail = await asyncio.to_thread(server.log_tail)
     raise LaunchError(
         f"{server.spec.engine} server exited with code {server.process.returncode} before it "
-        f"was healthy; last lines of {server.log_path}:\n{server.log_tail()}"
+        f"was healthy; last lines of {server.log_path}:\n{tail}"
     )
 
 
@@ -206,7 +208,8 @@ async def _group_lingers(group: int, grace_s: float) -> bool:
     # They are not our children: nothing signals their exit, so poll.
     loop = asyncio.get_running_loop()
     deadline = loop.time() + grace_s
-    while _group_alive(group):
+    # The check scans /proc: a worker thread keeps it off the event loop.
+    while await asyncio.to_thread(_group_alive, group):
         if loop.time() >= deadline:
             return True
         await asyncio.sleep(_GROUP_POLL_S)

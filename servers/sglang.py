@@ -133,9 +133,15 @@ class SGLangServer:
             count = await self._counter_or_none()
             done_at = capture.done_at
             auto_stopped = done_at is not None and count is not None and count >= done_at
+            pending = False
             if not auto_stopped:
                 auto_stopped = await self._send_stop(capture)
-            self._unsure = False
+                # A stop while a start_step capture is still pending answers 500 too, and the
+                # capture then still begins: it was never recorded, and the next start must
+                # first stop it (else that start answers 500 "already in progress").
+                pending = auto_stopped and not _begun(capture, count)
+                auto_stopped = auto_stopped and not pending
+            self._unsure = pending
             files = await asyncio.to_thread(outputs, window.dir, self.npu)
             return CaptureResult(
                 files=files,
@@ -220,6 +226,13 @@ class SGLangServer:
         elif self.npu:
             notes.append("NPU traces: parse with torch_npu.profiler.profiler.analyse(<folder>)")
         return "; ".join(notes) or None
+
+
+def _begun(capture: _Capture, count: int | None) -> bool:
+    """Whether the counter shows that a delayed (``start_step``) capture has begun."""
+    if capture.start_step is None:
+        return True
+    return count is not None and count >= capture.start_step
 
 
 def _observed(capture: _Capture, count: int | None) -> int | None:

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -114,18 +115,24 @@ def count_vllm_iterations(path: str | os.PathLike[str]) -> int:
     """The engine steps a vLLM worker trace holds (its per-iteration annotations)."""
     opener: Callable[..., Any] = gzip.open if str(path).endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as f:
-        events = json.load(f).get("traceEvents", [])
+        data = json.load(f)
+    # Chrome trace JSON is an object holding "traceEvents", or (array form) the events alone.
+    events = data.get("traceEvents", []) if isinstance(data, dict) else data
+    if not isinstance(events, list):
+        raise ValueError(f"{path}: not a Chrome trace")
     return sum(
         1
         for event in events
-        if event.get("cat") == "user_annotation" and _ITERATION.match(str(event.get("name")))
+        if isinstance(event, dict)
+        and event.get("cat") == "user_annotation"
+        and _ITERATION.match(str(event.get("name")))
     )
 
 
 def _count_or_none(path: Path) -> int | None:
     try:
         return count_vllm_iterations(path)
-    except (OSError, EOFError, ValueError):  # unreadable or cut short: not a count
+    except (OSError, EOFError, ValueError, zlib.error):  # unreadable, cut short, corrupt
         return None
 
 

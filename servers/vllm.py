@@ -127,13 +127,18 @@ class VLLMServer:
         cannot honour, and the HTTP errors of ``ServerClient.request``.
         """
         await self._client.open(timeouts)
-        if self._version is None:
-            body = await self._client.get_json("/version", timeout_s=timeouts.start_s)
-            text = body.get("version") if isinstance(body, dict) else None
-            if not isinstance(text, str):
-                raise ValueError(f"{self._client.base_url}/version gave no version: {body!r}")
-            self._version = parse_version(text)
-        self.enforces_window = self._bounds_by_server(self._version)
+        try:
+            if self._version is None:
+                body = await self._client.get_json("/version", timeout_s=timeouts.start_s)
+                text = body.get("version") if isinstance(body, dict) else None
+                if not isinstance(text, str):
+                    raise ValueError(f"{self._client.base_url}/version gave no version: {body!r}")
+                self._version = parse_version(text)
+            self.enforces_window = self._bounds_by_server(self._version)
+        except BaseException:
+            # A target whose open failed is never closed by the profiler: close the session.
+            await self._client.aclose()
+            raise
         self._log.info(
             "vllm target open",
             version=_text(self._version),

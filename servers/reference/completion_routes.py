@@ -61,7 +61,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
         prompts = _prompts(body.get("prompt"), "prompt")
         max_tokens = _positive_int(body.get("max_tokens"), "max_tokens", _DEFAULT_MAX_TOKENS)
         stream = bool(body.get("stream", False))
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage", False))
+        options = body.get("stream_options") or {}
+        if not isinstance(options, dict):
+            raise _BadRequest("stream_options must be an object")
+        include_usage = bool(options.get("include_usage", False))
         seqs = _submit(state, prompts, max_tokens)
     except _BadRequest as exc:
         return openai_error(400, str(exc), "BadRequestError")

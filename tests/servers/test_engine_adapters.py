@@ -380,3 +380,19 @@ def test_double_version_comes_from_the_installed_package(monkeypatch: pytest.Mon
     monkeypatch.delattr(sys.modules["sglang"], "__version__")
     with pytest.raises(ValueError, match="pass version="):
         SGLangEngine(TokenizerManagerDouble(SchedulerDouble((0, 5, 10))), replica=1)
+
+
+async def test_double_failing_forward_counter_costs_only_the_count(tmp_path: Path) -> None:
+    """A ``forward_counter`` that raises once the engine has started the capture must not
+    fail the start and leave the target holding a window that no stop ever ends."""
+    scheduler = SchedulerDouble((0, 5, 23))
+
+    async def counter() -> int:
+        raise ConnectionError("metrics endpoint down")
+
+    manager = TokenizerManagerDouble(scheduler)
+    target = SGLangEngine(manager, replica=0, version="0.5.23", forward_counter=counter)
+    prof = await _run(_config(tmp_path, [1, 2]), target, scheduler, batches=6)
+    window = {"state": "done", "stop_reason": "auto_stop", "forward_steps.observed": None}
+    assert_windows(prof.manifest, [{**window, "step": 1}, {**window, "step": 2}])
+    assert manager.calls.count("start_profile") == 2

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import aiohttp
 import pytest
 
 import aprof
+import servers.process as process_module
 from aprof.cli import launch_args
 from aprof.testing import assert_windows
 from servers import SGLangServer, VLLMServer
@@ -560,6 +562,39 @@ async def test_children_left_in_the_process_group_are_killed(tmp_path: Path) -> 
     await server.aclose()
     assert server.process.returncode == -signal.SIGTERM
     assert _gone(child)
+
+
+async def test_process_group_scan_runs_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checking for leftover children scans all of /proc: never on the event loop's thread."""
+    threads: list[int] = []
+    scan = process_module._group_alive
+
+    def recording(group: int) -> bool:
+        threads.append(threading.get_ident())
+        return scan(group)
+
+    monkeypatch.setattr(process_module, "_group_alive", recording)
+    server = await launch(_fake_spec(tmp_path), log_path=tmp_path / "server.log")
+    await server.aclose()
+    assert threads and threading.get_ident() not in threads
+
+
+async def test_log_tail_of_a_failed_launch_is_read_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads: list[int] = []
+    tail = process_module._tail
+
+    def recording(path: Path, lines: int) -> str:
+        threads.append(threading.get_ident())
+        return tail(path, lines)
+
+    monkeypatch.setattr(process_module, "_tail", recording)
+    with pytest.raises(LaunchError, match="boom"):
+        await launch(_fake_spec(tmp_path, "--exit", "3"), log_path=tmp_path / "server.log")
+    assert threads and threading.get_ident() not in threads
 
 
 async def test_a_spec_without_command_or_program_is_refused(tmp_path: Path) -> None:

@@ -90,6 +90,7 @@ async def test_unknown_model_is_refused_like_vllm(
         {"prompt": "x" * 600, "max_tokens": 2},
         {"max_tokens": 2},
         [1, 2],
+        {"prompt": "hi", "stream": True, "stream_options": "usage"},
     ],
 )
 async def test_bad_completion_requests_are_400(

@@ -123,6 +123,29 @@ async def test_500_on_stop_means_already_stopped_only_when_auto_stop_was_asked(
     assert raised.value.status == 500
 
 
+async def test_stop_before_a_delayed_start_is_not_an_auto_stop(
+    reference_server: ReferenceFactory, complete: Complete, tmp_path: Path, timeouts: Any
+) -> None:
+    """A window that ends before its start_step: SGLang answers the stop 500 and the pending
+    capture still begins later; the next window first stops it, then starts its own."""
+    async with asyncio.timeout(60), reference_server(dialect="sglang") as server:
+        target = SGLangServer(server.url, replica=0)
+        await target.open(timeouts)
+        await complete(server, max_tokens=2)
+        first = window(tmp_path / "w1", step=1, delay=3, forward_steps=None)
+        await target.start(first)
+        result = await target.stop(first)  # no batch ran: the capture has not begun
+        assert (result.auto_stopped, result.forward_steps) == (False, 0)
+        await complete(server, max_tokens=8)  # the pending capture begins meanwhile
+        second = window(tmp_path / "w2", step=2, delay=1, forward_steps=2)
+        await target.start(second)  # without the cleanup stop: 500 "already in progress"
+        await complete(server, max_tokens=6)
+        result = await target.stop(second)
+        await target.aclose()
+    (trace,) = result.files
+    assert len(forward_step_numbers(trace)) == 2 and result.auto_stopped is True
+
+
 async def test_delay_without_a_counter_is_noted(
     reference_server: ReferenceFactory, complete: Complete, tmp_path: Path, timeouts: Any
 ) -> None:

@@ -19,7 +19,7 @@ from conftest import Complete, ReferenceFactory
 
 import aprof
 from aprof.testing import assert_windows
-from servers import ProfilingDisabledError, SessionConflictError, VLLMServer
+from servers import ProfilingDisabledError, ServerError, SessionConflictError, VLLMServer
 from servers.reference import forward_step_numbers
 
 
@@ -365,6 +365,16 @@ async def test_launch_window_needs_0_12(reference_server: ReferenceFactory, tmp_
         with pytest.raises(ValueError, match="cannot bound captures at launch"):
             await target.open(aprof.TimeoutsConfig(**TIMEOUTS))
         await target.aclose()
+
+
+async def test_failed_open_closes_its_session(reference_server: ReferenceFactory) -> None:
+    """The profiler never closes a target whose open failed: the adapter closes its session."""
+    async with asyncio.timeout(30), reference_server(dialect="sglang") as server:
+        target = VLLMServer(server.url, replica=0)  # an SGLang server has no /version
+        with pytest.raises(ServerError, match="404"):
+            await target.open(aprof.TimeoutsConfig(**TIMEOUTS))
+        with pytest.raises(RuntimeError, match=r"call open\(\) before"):
+            await target.forward_steps()
 
 
 def test_is_a_managed_capture_target() -> None:
