@@ -18,6 +18,7 @@ from aprof._manifest import Manifest, ManifestError, WindowRecord, load_manifest
 from aprof._request import Request
 from aprof._scheduler import Profiler
 from aprof._steps import StepSelection
+from aprof._worker import WorkerCapture, WorkerProfiler, staged
 
 __version__ = "0.1.0"
 
@@ -38,8 +39,11 @@ __all__ = [
     "TimeoutsConfig",
     "Window",
     "WindowRecord",
+    "WorkerCapture",
+    "WorkerProfiler",
     "__version__",
     "configure_logging",
     "load_config",
     "load_manifest",
+    "staged",
 ]

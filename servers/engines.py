@@ -29,9 +29,8 @@ from servers.trace_files import (
     vllm_prefix,
     vllm_steps_in,
 )
-from servers.vllm import delay_iterations
+from servers.vllm import SAFE_EMPTY_STOP, delay_iterations
 
-_SAFE_EMPTY_STOP = (0, 30)  # vLLM: before, a stop with nothing running may crash the engine
 _PREFIX_EVERY_START = (0, 30)  # vLLM 0.17-0.29 keep the first prefix of the engine's life
 _SGLANG_EXACT_STEPS = (0, 5, 20)  # SGLang: before, plain num_steps records one batch less
 _SGLANG_ACTIVITIES = {"cpu": "CPU", "cuda": "GPU", "npu": "GPU", "memory": "MEM"}
@@ -135,7 +134,7 @@ class VLLMEngine:
         return [n for n in entries if n.startswith(head) and is_vllm_worker_trace(Path(n))]
 
     async def _clear_leftover(self) -> None:
-        if self._version >= _SAFE_EMPTY_STOP:
+        if self._version >= SAFE_EMPTY_STOP:
             self._log.info("stopping what an interrupted call may have left running")
             await self._engine.stop_profile()
         else:

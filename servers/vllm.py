@@ -30,7 +30,7 @@ FORWARD_METRIC = "vllm:iteration_tokens_total_count"
 
 _LAUNCH_BOUNDS: Version = (0, 12)  # VLLM_PROFILER_{DELAY,MAX}_ITERS, then ProfilerConfig
 _CONFIG_FLAG: Version = (0, 13)  # --profiler-config replaces VLLM_TORCH_PROFILER_DIR
-_SAFE_EMPTY_STOP: Version = (0, 30)  # before: a stop with nothing running is a 500 or a crash
+SAFE_EMPTY_STOP: Version = (0, 30)  # before: a stop with nothing running is a 500 or a crash
 _PER_CALL: Version = (0, 32)  # start body with prefix and bounds; 409 on a second start
 
 
@@ -303,7 +303,7 @@ class VLLMServer:
     async def _clear_leftover(self, version: Version) -> None:
         """End the session an interrupted start or stop of ours may have left running (the
         flag stays up until a start succeeds: a cut-off start may land after this stop)."""
-        if version < _SAFE_EMPTY_STOP:
+        if version < SAFE_EMPTY_STOP:
             # A stop with nothing running answers 500 and may crash vLLM before 0.30.
             self._log.warning(
                 "an interrupted call may have left a capture running; not stopped on this version"

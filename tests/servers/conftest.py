@@ -7,12 +7,14 @@ package ``servers`` and shadow the real one.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+import structlog
 from structlog.testing import capture_logs
 
 from servers.reference import ReferenceConfig, ReferenceServer, serve
@@ -60,7 +62,12 @@ def complete(http: aiohttp.ClientSession) -> Complete:
 
 
 @pytest.fixture
-def logs() -> Iterator[list[dict[str, Any]]]:
-    """Every structlog event logged during the test."""
-    with capture_logs() as captured:
-        yield captured
+def logs() -> Iterator[list[Any]]:
+    """Every structlog event logged during the test, whatever level an earlier test set."""
+    before = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
+    try:
+        with capture_logs() as captured:
+            yield captured
+    finally:
+        structlog.configure(**before)

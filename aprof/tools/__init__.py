@@ -1,0 +1,92 @@
+"""Capture tools that run inside worker processes, one module per tool.
+
+Nothing here imports torch or torch_npu: ``make_tool`` imports the chosen tool's module,
+and that module imports its framework when the tool is built.
+"""
+
+from __future__ import annotations
+
+import importlib
+from contextlib import AbstractContextManager
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from aprof._config import ProfilerConfig
+
+__all__ = ["CaptureTool", "ToolUnavailableError", "make_tool"]
+
+
+class ToolUnavailableError(RuntimeError):
+    """The configured capture tool cannot run on this machine; the message says why."""
+
+
+@runtime_checkable
+class CaptureTool(Protocol):
+    """One capture at a time inside a worker process (synchronous)."""
+
+    name: str
+    """The tool's name as in ``global_profiler.tool``."""
+    note: str | None
+    """Anything the manifest reader should know about the last capture (``None`` if nothing)."""
+
+    def start(self, dir: Path, stem: str) -> None:
+        """Begin a capture writing into ``dir``; every file name starts with ``stem``."""
+        ...
+
+    def stop(self) -> list[Path]:
+        """End the capture; the files and folders it wrote."""
+        ...
+
+    def stage(self, name: str) -> AbstractContextManager[None]:
+        """A named range (stage) inside the active capture."""
+        ...
+
+    def step(self) -> None:
+        """Mark a step boundary for the tool's schedule; a no-op for tools without one."""
+        ...
+
+
+def make_tool(config: ProfilerConfig) -> CaptureTool:
+    """The capture tool ``config.global_profiler.tool`` selects, built with its options.
+
+    Raises ToolUnavailableError when the tool cannot run here (no torch, no CUDA, no torch_npu).
+    """
+    tool = config.global_profiler.tool
+    options = config.tool_config
+    if tool == "torch":
+        from aprof.tools.torch import TorchTool
+
+        return TorchTool(options.torch)
+    if tool == "torch_memory":
+        from aprof.tools.torch_memory import TorchMemoryTool
+
+        return TorchMemoryTool(options.torch_memory)
+    if tool == "nsys":
+        from aprof.tools.nsys import NsysTool, report_dir
+
+        return NsysTool(options.nsys, report_dir(config))
+    from aprof.tools.npu import NPUTool
+
+    return NPUTool(options.npu)
+
+
+def _require_torch(tool: str) -> ModuleType:
+    """The torch module, or ToolUnavailableError naming ``tool``."""
+    try:
+        return importlib.import_module("torch")
+    except ImportError as exc:
+        raise ToolUnavailableError(
+            f"{tool} needs the torch package (pip install 'aprof[torch]'): {exc}"
+        ) from None
+
+
+def _require_cuda(tool: str) -> ModuleType:
+    """The torch module when CUDA is usable, or ToolUnavailableError naming ``tool``."""
+    torch = _require_torch(tool)
+    if not torch.cuda.is_available():
+        raise ToolUnavailableError(
+            f"{tool} needs CUDA: torch.cuda.is_available() is False on this machine"
+        )
+    return torch
