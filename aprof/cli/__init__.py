@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from aprof.cli import demo, launch_args, serve_reference, validate
+from aprof.cli import demo, launch_args, npu_analyse, serve_reference, validate
 
 
 class _Parser(argparse.ArgumentParser):
@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=_Parser
     )
-    for command in (demo, launch_args, serve_reference, validate):
+    for command in (demo, launch_args, npu_analyse, serve_reference, validate):
         command.register(sub)
     return parser
 

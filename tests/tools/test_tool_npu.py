@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import os
 import re
+import subprocess
 import sys
 import types
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from typing import Any
 import pytest
 
 import aprof
+from aprof.cli import main
 from aprof.tools import make_tool
 from aprof.tools.npu import analyse
 
@@ -364,3 +366,44 @@ def test_double_missing_folder_is_noted_and_stop_is_guarded(
         tool.start(tmp_path, "t")
     assert tool.stop() == []
     assert tool.note == "torch_npu wrote no *_ascend_pt folder (see its output)"
+
+
+def test_double_npu_analyse_command_runs_the_offline_analysis(
+    calls: Calls, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``aprof npu-analyse`` over a save_path with raw captures calls torch_npu's analyse once."""
+    (tmp_path / "step_1" / "actor" / "rank_0" / "host_1_2_ascend_pt").mkdir(parents=True)
+    assert main(["npu-analyse", str(tmp_path), "--workers", "2"]) == 0
+    assert [kwargs for name, kwargs in calls if name == "analyse"] == [
+        {"profiler_path": str(tmp_path), "max_process_number": 2}
+    ]
+    assert "analysed 1 capture folder(s)" in capsys.readouterr().out
+
+
+def test_npu_analyse_command_errors_are_one_line(tmp_path: Path) -> None:
+    """Without torch_npu, or without raw captures, the command says so in one line."""
+    (tmp_path / "x_ascend_pt").mkdir()
+    for argv, expected in (
+        ([str(tmp_path / "missing")], "not a folder"),
+        ([str(tmp_path / "x_ascend_pt" / ".."), "--workers", "0"], "--workers must be >= 1"),
+        ([str(tmp_path)], "npu needs torch_npu"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "aprof", "npu-analyse", *argv],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 1 and expected in done.stderr
+        assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "aprof", "npu-analyse", str(empty)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1 and "no *_ascend_pt capture folder inside" in done.stderr
