@@ -19,6 +19,23 @@ def safe_name(name: str) -> str:
     return cleaned[:120]
 
 
+def size_of(path: Path) -> int | None:
+    """Bytes of a file, or of every file under a folder; ``None`` if it is not there."""
+    try:
+        if path.is_dir():
+            return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+        return path.stat().st_size
+    except OSError:  # gone, or going while we look
+        return None
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that a reader sees the old file or the new one, whole."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def check_name(name: str, what: str) -> str:
     """Return ``name`` if it is already path-safe, else raise ``ValueError`` saying why."""
     if not isinstance(name, str) or not name:

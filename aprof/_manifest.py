@@ -9,6 +9,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from aprof._layout import write_atomic
+
 SCHEMA = "aprof.manifest/1"
 FILENAME = "manifest.json"
 
@@ -110,9 +112,7 @@ class Manifest(_Model):
 
 def write_manifest(manifest: Manifest, path: Path) -> None:
     """Write ``manifest`` to ``path`` atomically: a reader sees the old file or the new one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(manifest.to_json(), encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, manifest.to_json())
 
 
 def load_manifest(path: str | os.PathLike[str]) -> Manifest:

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from aprof._capture import CaptureResult, CaptureTarget, ManagedTarget, Window
 from aprof._config import TimeoutsConfig
-from aprof._layout import OutputLayout
+from aprof._layout import OutputLayout, size_of
 from aprof._manifest import FileEntry, StopReason, WindowRecord
 
 
@@ -278,12 +277,12 @@ class TargetMachine:
         elif counts.observed is not None and counts.counted_from is None:
             counts.counted_from = "counter"  # a target that does not say counts as its counter
         paths = [self._layout.absolute(Path(p)) for p in result.files]
-        sizes = await asyncio.to_thread(_sizes, paths)
+        sizes = await asyncio.to_thread(lambda: [size_of(p) for p in paths])
         names = [self._layout.relative(p) for p in paths]
         record.files = [
-            FileEntry(path=n, bytes=max(size, 0)) for n, size in zip(names, sizes, strict=True)
+            FileEntry(path=n, bytes=size or 0) for n, size in zip(names, sizes, strict=True)
         ]
-        missing = [n for n, size in zip(names, sizes, strict=True) if size < 0]
+        missing = [n for n, size in zip(names, sizes, strict=True) if size is None]
         if missing:
             self._note(
                 run.window.step, run.window.target, f"listed files missing: {', '.join(missing)}"
@@ -308,22 +307,3 @@ def _bounded(window: Window) -> bool:
 def _describe(exc: BaseException) -> str:
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _sizes(paths: Iterable[Path]) -> list[int]:
-    """Bytes of each file or folder (-1 where it does not exist)."""
-    sizes = []
-    for path in paths:
-        if path.is_dir():
-            sizes.append(
-                sum(
-                    os.path.getsize(os.path.join(root, f))
-                    for root, _, files in os.walk(path)
-                    for f in files
-                )
-            )
-        elif path.exists():
-            sizes.append(path.stat().st_size)
-        else:
-            sizes.append(-1)
-    return sizes

@@ -17,7 +17,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, cast
 
 from aprof._config import ConfigSource, load_config
-from aprof._layout import OutputLayout, check_name, safe_name
+from aprof._layout import OutputLayout, check_name, safe_name, size_of, write_atomic
 from aprof._logging import logger
 
 if TYPE_CHECKING:
@@ -262,7 +262,7 @@ class WorkerProfiler:
             stage=current.stage,
             tool=self.config.global_profiler.tool,
             state="failed" if error is not None else "done",
-            files=tuple(CaptureFile(self._layout.relative(p), _size(p)) for p in paths),
+            files=tuple(CaptureFile(self._layout.relative(p), size_of(p) or 0) for p in paths),
             error=error,
             note=self._tool.note if self._tool is not None and error is None else None,
             started_ns=current.started_ns,
@@ -281,9 +281,7 @@ class WorkerProfiler:
         ]
         try:
             directory.mkdir(parents=True, exist_ok=True)
-            tmp = directory / f".{CAPTURES_FILE}.{os.getpid()}.tmp"
-            tmp.write_text(json.dumps(records, indent=1), encoding="utf-8")
-            os.replace(tmp, directory / CAPTURES_FILE)
+            write_atomic(directory / CAPTURES_FILE, json.dumps(records, indent=1))
         except OSError as exc:  # the in-memory record still reaches the driver
             logger.warning("aprof cannot write captures.json", dir=str(directory), error=str(exc))
 
@@ -415,13 +413,3 @@ def _env_int(name: str, default: int) -> int:
         return int(text)
     except ValueError:
         raise ValueError(f"environment variable {name}={text!r} is not an integer") from None
-
-
-def _size(path: Path) -> int:
-    """Bytes of a file, or of every file under a folder; 0 if it is gone."""
-    try:
-        if path.is_dir():
-            return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-        return path.stat().st_size
-    except OSError:
-        return 0
