@@ -121,6 +121,22 @@ class ServerClient:
             raise ServerError(method, url, status, text)
         return Response(status, text)
 
+    async def metric(self, name: str) -> int | None:
+        """The total of metric ``name`` from ``GET /metrics`` (bounded by ``connect_s``),
+        ``None`` if the server does not export it. Raises what :meth:`request` raises."""
+        answer = await self.request(
+            "GET", "/metrics", timeout_s=self._timeouts.connect_s, quiet=True
+        )
+        return metric_total(answer.text, name)
+
+    async def metric_or_none(self, name: str) -> int | None:
+        """:meth:`metric`, or ``None`` when ``/metrics`` cannot be read either."""
+        try:
+            return await self.metric(name)
+        except (aiohttp.ClientError, ServerError, TimeoutError) as exc:
+            self._log.debug("metric unreadable", metric=name, error=repr(exc))
+            return None
+
     async def get_json(self, path: str, *, timeout_s: float) -> Any:
         """``GET path`` and decode the JSON answer; raises ``ValueError`` if it is not JSON."""
         text = (await self.request("GET", path, timeout_s=timeout_s)).text

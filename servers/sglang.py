@@ -16,7 +16,7 @@ import aiohttp
 import structlog
 
 from aprof import CaptureResult, TargetKind, TimeoutsConfig, Window
-from servers._http import ServerClient, ServerError, metric_total
+from servers._http import ServerClient, ServerError
 from servers.trace_files import outputs
 
 FORWARD_METRIC = "sglang:num_forward_steps_total"
@@ -103,7 +103,7 @@ class SGLangServer:
                 await self._client.request(
                     "POST", "/start_profile", json=body, timeout_s=self._client.timeouts.start_s
                 )
-                counter = await self._counter_or_none()
+                counter = await self._client.metric_or_none(FORWARD_METRIC)
             except (ServerError, aiohttp.ClientConnectorError):
                 raise  # answered, or never reached the server: nothing of ours started
             except BaseException:
@@ -130,7 +130,7 @@ class SGLangServer:
             # stop cut off on the way may leave it running.
             self._capture = None
             self._unsure = True
-            count = await self._counter_or_none()
+            count = await self._client.metric_or_none(FORWARD_METRIC)
             done_at = capture.done_at
             auto_stopped = done_at is not None and count is not None and count >= done_at
             pending = False
@@ -155,10 +155,7 @@ class SGLangServer:
 
         Raises the HTTP errors of ``ServerClient.request``.
         """
-        answer = await self._client.request(
-            "GET", "/metrics", timeout_s=self._client.timeouts.connect_s, quiet=True
-        )
-        return metric_total(answer.text, FORWARD_METRIC)
+        return await self._client.metric(FORWARD_METRIC)
 
     async def _start_body(self, window: Window) -> tuple[dict[str, object], int | None, str | None]:
         """The start request's body, the ``start_step`` it holds and what it cannot honour."""
@@ -173,7 +170,7 @@ class SGLangServer:
             body["num_steps"] = window.forward_steps
         if not window.delay:
             return body, None, None
-        current = await self._counter_or_none()
+        current = await self._client.metric_or_none(FORWARD_METRIC)
         if current is None:
             note = f"delay of {window.delay} not applied: the server reports no forward counter"
             return body, None, note
@@ -207,13 +204,6 @@ class SGLangServer:
                 return True
             raise
         return False
-
-    async def _counter_or_none(self) -> int | None:
-        try:
-            return await self.forward_steps()
-        except (aiohttp.ClientError, ServerError, TimeoutError) as exc:
-            self._log.debug("forward-step counter unreadable", error=repr(exc))
-            return None
 
     def _note(self, capture: _Capture, files: tuple[Path, ...]) -> str | None:
         notes = [capture.note] if capture.note else []

@@ -19,7 +19,7 @@ import aiohttp
 import structlog
 
 from aprof import CaptureResult, CountSource, TargetKind, TimeoutsConfig, Window
-from servers._http import ServerClient, ServerError, metric_total
+from servers._http import ServerClient, ServerError
 from servers.trace_files import listing, relocate, vllm_prefix, vllm_steps_in
 
 Version = tuple[int, int]
@@ -175,7 +175,7 @@ class VLLMServer:
                     json=self._start_body(window, version),
                     timeout_s=self._client.timeouts.start_s,
                 )
-                baseline = await self._counter_or_none()
+                baseline = await self._client.metric_or_none(FORWARD_METRIC)
             except ServerError as exc:
                 raise self._explain(exc, version) from None
             except aiohttp.ClientConnectorError:
@@ -204,7 +204,7 @@ class VLLMServer:
             # until the stop is answered, one cut off on the way may leave it running.
             self._capture = None
             self._unsure = True
-            count = await self._counter_or_none()
+            count = await self._client.metric_or_none(FORWARD_METRIC)
             try:
                 await self._client.request(
                     "POST", "/stop_profile", timeout_s=self._client.timeouts.stop_s
@@ -233,11 +233,7 @@ class VLLMServer:
 
         Raises the HTTP errors of ``ServerClient.request``.
         """
-        timeouts = self._client.timeouts
-        answer = await self._client.request(
-            "GET", "/metrics", timeout_s=timeouts.connect_s, quiet=True
-        )
-        return metric_total(answer.text, FORWARD_METRIC)
+        return await self._client.metric(FORWARD_METRIC)
 
     # -- protocol ---------------------------------------------------------------------------
 
@@ -316,13 +312,6 @@ class VLLMServer:
                 )
             except ServerError as exc:
                 raise self._explain(exc, version) from None
-
-    async def _counter_or_none(self) -> int | None:
-        try:
-            return await self.forward_steps()
-        except (aiohttp.ClientError, ServerError, TimeoutError) as exc:
-            self._log.debug("forward-step counter unreadable", error=repr(exc))
-            return None
 
     def _opened_version(self) -> Version:
         if self._version is None:
