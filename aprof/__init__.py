@@ -4,35 +4,41 @@ The front door: every public name is defined in a private module named for what 
 """
 
 from aprof._capture import (
+    CaptureFile,
     CaptureResult,
     CaptureTarget,
     CountSource,
     ManagedTarget,
     TargetKind,
     Window,
+    WorkerCapture,
 )
 from aprof._config import ProfilerConfig, TimeoutsConfig, load_config
 from aprof._errors import CaptureError, ConfigError
 from aprof._logging import configure_logging
-from aprof._manifest import Manifest, ManifestError, WindowRecord, load_manifest
+from aprof._manifest import Manifest, ManifestError, RankCapture, WindowRecord, load_manifest
 from aprof._request import Request
 from aprof._scheduler import Profiler
 from aprof._steps import StepSelection
-from aprof._worker import WorkerCapture, WorkerProfiler, staged
+from aprof._worker import WorkerProfiler, staged
+from aprof._worker_group import LocalWorker, WorkerGroup, WorkerHandle
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CaptureError",
+    "CaptureFile",
     "CaptureResult",
     "CaptureTarget",
     "ConfigError",
     "CountSource",
+    "LocalWorker",
     "ManagedTarget",
     "Manifest",
     "ManifestError",
     "Profiler",
     "ProfilerConfig",
+    "RankCapture",
     "Request",
     "StepSelection",
     "TargetKind",
@@ -40,6 +46,8 @@ __all__ = [
     "Window",
     "WindowRecord",
     "WorkerCapture",
+    "WorkerGroup",
+    "WorkerHandle",
     "WorkerProfiler",
     "__version__",
     "configure_logging",

@@ -35,6 +35,37 @@ class Window:
 
 
 @dataclass(frozen=True, slots=True)
+class CaptureFile:
+    """One file (or trace folder) of a capture."""
+
+    path: str
+    """Relative to ``save_path`` (absolute if the tool wrote outside it)."""
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerCapture:
+    """What one capture of one rank did, as the driver collects it for the manifest."""
+
+    step: int
+    """The global step (for a continuous window, the first step of the run)."""
+    last_step: int
+    """The last global step the capture covered (``step`` unless continuous)."""
+    role: str
+    rank: int
+    stage: str | None
+    """The stage of a discrete capture; ``None`` for a step capture."""
+    tool: str
+    state: Literal["done", "failed"]
+    files: tuple[CaptureFile, ...]
+    error: str | None
+    note: str | None
+    """What the tool says the reader should know (say, an activity it could not record)."""
+    started_ns: int
+    stopped_ns: int
+
+
+@dataclass(frozen=True, slots=True)
 class CaptureResult:
     """What a target reports when it stops a capture."""
 
@@ -48,6 +79,8 @@ class CaptureResult:
     """The target (the server) had already ended the capture on its own."""
     note: str | None = None
     """Anything the reader of the manifest should know about this capture."""
+    captures: tuple[WorkerCapture, ...] = ()
+    """One record per rank capture of a worker-group window (empty for other targets)."""
 
 
 @runtime_checkable

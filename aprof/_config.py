@@ -30,6 +30,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
 from aprof._errors import ConfigError
+from aprof._layout import check_name
 from aprof._steps import StepSelection, _is_int, _show
 
 # ---------------------------------------------------------------------------------------------
@@ -210,6 +211,47 @@ class RoleConfig(_Model):
         return self.enable and (self.all_ranks or rank in self.ranks)
 
 
+class ScheduleConfig(_Model):
+    """A mini-batch schedule: which update mini-batches (``wp.step()`` calls) are recorded.
+
+    After ``skip_first`` mini-batches, each cycle waits ``wait``, warms up ``warmup`` and
+    records ``active`` mini-batches (one trace per cycle); ``repeat`` cycles, 0 = no limit.
+    """
+
+    skip_first: NonNegativeInt = Field(0, description="Mini-batches skipped once, at first.")
+    wait: NonNegativeInt = Field(0, description="Mini-batches not recorded at each cycle start.")
+    warmup: NonNegativeInt = Field(0, description="Mini-batches the profiler warms up in.")
+    active: PositiveInt = Field(description="Mini-batches recorded per cycle (one trace).")
+    repeat: NonNegativeInt = Field(0, description="Cycles per capture; 0 = until it ends.")
+    stages: Annotated[list[str], AfterValidator(_distinct_nonempty)] = Field(
+        default_factory=lambda: ["update_actor"],
+        description="Stages whose discrete captures follow the schedule (e2e: the whole step).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _active_given(cls, data: Any) -> Any:
+        # pydantic's "field required, got {...}" would not say what the key means.
+        if isinstance(data, Mapping) and "active" not in data:
+            raise ConfigError(".active", "required: the mini-batches recorded per cycle (> 0)")
+        return data
+
+
+class _Unscheduled(_Model):
+    """A tool config that has no mini-batch schedule: a ``schedule`` key gets a clear error."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_schedule(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "schedule" in data:
+            raise ConfigError(
+                ".schedule",
+                "this tool has no mini-batch schedule; only tool_config.torch.schedule and "
+                "tool_config.npu.schedule exist",
+            )
+        return data
+
+
 class TorchToolConfig(_Model):
     """torch.profiler options."""
 
@@ -218,6 +260,9 @@ class TorchToolConfig(_Model):
         description="Activities and extras: cpu, cuda, shapes, stack, memory.",
     )
     gzip: StrictBool = Field(True, description="Write traces as .json.gz.")
+    schedule: ScheduleConfig | None = Field(
+        None, description="Mini-batch schedule (torch.profiler.schedule); null = none."
+    )
 
 
 class NPUToolConfig(_Model):
@@ -231,9 +276,12 @@ class NPUToolConfig(_Model):
         description="npu, cpu, memory, shapes, module, stack.",
     )
     analysis: StrictBool = Field(False, description="Parse the data right after capture.")
+    schedule: ScheduleConfig | None = Field(
+        None, description="Mini-batch schedule (torch_npu.profiler.schedule); null = none."
+    )
 
 
-class NsysToolConfig(_Model):
+class NsysToolConfig(_Unscheduled):
     """Nsight Systems options."""
 
     trace: Annotated[list[str], AfterValidator(_distinct_nonempty)] = Field(
@@ -242,9 +290,12 @@ class NsysToolConfig(_Model):
     output_dir: NonEmptyPath | None = Field(
         None, description="Where nsys writes reports; null = under save_path."
     )
+    finalize_s: Seconds = Field(
+        60.0, description="How long a stop waits for nsys to finish writing its report."
+    )
 
 
-class TorchMemoryToolConfig(_Model):
+class TorchMemoryToolConfig(_Unscheduled):
     """CUDA caching-allocator history options."""
 
     max_entries: PositiveInt = Field(100_000, description="Allocator events kept.")
@@ -277,6 +328,27 @@ class LogConfig(_Model):
     level: Literal["debug", "info", "warning", "error"] = Field("info", description="Threshold.")
 
 
+def _path_safe(value: str | None) -> str | None:
+    if value is not None:
+        try:
+            check_name(value, "the process name")
+        except ValueError as exc:
+            raise ConfigError("", str(exc)) from None
+    return value
+
+
+class TimelineConfig(_Model):
+    """aprof's own spans (steps, requests, turns, tool calls, captures) as a Chrome trace."""
+
+    enable: StrictBool = Field(True, description="Record the timeline at all.")
+    buffer_events: PositiveInt = Field(
+        200_000, description="Spans kept between two writes (one step); more are dropped."
+    )
+    process: Annotated[str | None, AfterValidator(_path_safe)] = Field(
+        None, description="File name of this process's timeline; null = driver-<pid>."
+    )
+
+
 class ProfilerConfig(_Model):
     """The whole aprof configuration."""
 
@@ -288,6 +360,7 @@ class ProfilerConfig(_Model):
     tool_config: ToolConfig = Field(default_factory=ToolConfig)
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+    timeline: TimelineConfig = Field(default_factory=TimelineConfig)
     strict: StrictBool = Field(False, description="Let capture errors escape step/request.")
 
     @field_validator("roles", mode="before")

@@ -5,11 +5,21 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+)
 
 from aprof._layout import write_atomic
+
+if TYPE_CHECKING:
+    from aprof._capture import WorkerCapture
 
 SCHEMA = "aprof.manifest/1"
 FILENAME = "manifest.json"
@@ -53,6 +63,44 @@ class FileEntry(_Model):
     bytes: int
 
 
+class RankCapture(_Model):
+    """One capture of one rank inside a worker group's role window."""
+
+    rank: int
+    stage: str | None
+    """The stage of a discrete capture; ``None`` for a capture of the whole window."""
+    step: int
+    last_step: int
+    """The last global step the capture covered (later than ``step`` in a continuous window)."""
+    state: Literal["done", "failed"]
+    files: list[FileEntry]
+    error: str | None
+    note: str | None
+    """What the capture tool says the reader should know."""
+    started_ns: int
+    stopped_ns: int
+
+    @classmethod
+    def of(cls, capture: WorkerCapture, *, window_last_step: int) -> RankCapture:
+        """The record of ``capture``, made in a window that covered up to ``window_last_step``."""
+        last_step = capture.last_step
+        if capture.stage is None:
+            # A worker group tells its workers the first step of a continuous window only.
+            last_step = max(last_step, window_last_step)
+        return cls(
+            rank=capture.rank,
+            stage=capture.stage,
+            step=capture.step,
+            last_step=last_step,
+            state=capture.state,
+            files=[FileEntry(path=f.path, bytes=f.bytes) for f in capture.files],
+            error=capture.error,
+            note=capture.note,
+            started_ns=capture.started_ns,
+            stopped_ns=capture.stopped_ns,
+        )
+
+
 class WindowRecord(_Model):
     """One (step, target) window as the manifest shows it."""
 
@@ -68,6 +116,16 @@ class WindowRecord(_Model):
     requests: RequestCounts = Field(default_factory=RequestCounts)
     files: list[FileEntry] = Field(default_factory=list)
     error: str | None = None
+    captures: list[RankCapture] = Field(default_factory=list)
+    """Per-rank captures of a worker group's window; empty for other role targets, and not
+    written for rollout windows."""
+
+    @model_serializer(mode="wrap")
+    def _rollout_without_captures(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if self.kind == "rollout":
+            data.pop("captures", None)
+        return data
 
 
 class Note(_Model):
@@ -85,6 +143,19 @@ class Clock(_Model):
     monotonic_ns: int
 
 
+class TimelineFile(_Model):
+    """One process's timeline file (aprof's spans as a Chrome trace) and what it holds."""
+
+    path: str
+    """Relative to ``save_path``: ``timeline/<process>.trace.json.gz``."""
+    process: str
+    bytes: int
+    events: int
+    """Spans, steps and windows written to it."""
+    dropped: int
+    """Events that did not fit into ``timeline.buffer_events`` and were not recorded."""
+
+
 class Manifest(_Model):
     """Every window of one run, with its state, files and counts."""
 
@@ -94,6 +165,7 @@ class Manifest(_Model):
     save_path: str
     windows: list[WindowRecord] = Field(default_factory=list)
     notes: list[Note] = Field(default_factory=list)
+    timeline: list[TimelineFile] = Field(default_factory=list)
     config: dict[str, Any] = Field(default_factory=dict)
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)

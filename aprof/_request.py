@@ -5,7 +5,9 @@ from __future__ import annotations
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from aprof._chrome_trace import REQUEST
 from aprof._state_machine import Phase
+from aprof._timeline import OPEN_AT_CLOSE, now_ns
 
 if TYPE_CHECKING:
     from aprof._scheduler import Profiler
@@ -17,9 +19,20 @@ class Request:
     ``async with prof.request(replica=0, request_id="s3-t1") as req:`` waits while the
     replica's capture for the current step is starting (bounded by the start timeout), then
     lets the request go; ``req.step``, ``req.gated`` and ``req.captured`` say what happened.
+    The request is one timeline span, recorded when it ends.
     """
 
-    __slots__ = ("_prof", "captured", "gated", "replica", "request_id", "step", "tokens")
+    __slots__ = (
+        "_begin",
+        "_prof",
+        "_timeline",
+        "captured",
+        "gated",
+        "replica",
+        "request_id",
+        "step",
+        "tokens",
+    )
 
     def __init__(self, prof: Profiler, replica: int, request_id: str | None) -> None:
         self._prof = prof
@@ -35,10 +48,16 @@ class Request:
         """A capture of its replica was active when the request went ahead."""
         self.tokens = 0
         """Tokens reported through :meth:`forward`."""
+        self._timeline = prof._timeline
+        self._begin = 0
 
     async def __aenter__(self) -> Request:
         prof = self._prof
         self.step = prof._step
+        timeline = self._timeline
+        if timeline is not None:
+            self._begin = now_ns()
+            timeline.open.add(self)
         if prof._rollout_live:
             run = prof._step_rollout.get(self.replica)
             if run is not None and run.phase is Phase.ACTIVE:
@@ -54,7 +73,38 @@ class Request:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        return None
+        if self._timeline is not None:
+            self._end(now_ns(), None if exc_type is None else exc_type.__name__)
+
+    def end_at_close(self, end: int) -> None:
+        """Record the request as ended at ``end`` because the timeline closes."""
+        self._end(end, OPEN_AT_CLOSE)
+
+    def _end(self, end: int, note: str | None) -> None:
+        timeline = self._timeline
+        assert timeline is not None
+        try:
+            timeline.open.remove(self)
+        except KeyError:
+            return  # ended already, at close
+        events = timeline.events  # Timeline.add, inlined: this is the hot path
+        if len(events) >= timeline.capacity:
+            timeline.dropped += 1
+            return
+        events.append(
+            (
+                REQUEST,
+                self._begin,
+                end,
+                self.replica,
+                self.request_id,
+                self.step,
+                self.gated,
+                self.captured,
+                self.tokens,
+                note,
+            )
+        )
 
     def forward(self, tokens: int = 0) -> None:
         """Report progress of the request; reported tokens add up."""

@@ -25,11 +25,13 @@ from aprof._manifest import (
     Manifest,
     Note,
     StopReason,
+    TimelineFile,
     WindowRecord,
     write_manifest,
 )
 from aprof._request import Request
 from aprof._state_machine import Phase, TargetMachine, WindowRun
+from aprof._timeline import NULL_SPAN, AttrValue, NullSpan, Span, Timeline, now_ns
 
 _FAILED = ("failed", "timeout")
 
@@ -38,7 +40,8 @@ class Profiler:
     """Opens, starts and stops the captures of the selected global steps, exactly once each.
 
     Use it as ``async with Profiler(cfg) as prof:``; inside, ``async with prof.step(n):``
-    for each global step and ``async with prof.request(replica=r):`` around each request.
+    for each global step and ``async with prof.request(replica=r):`` around each request;
+    ``prof.span(name, **attrs)`` records turns and tool calls on the timeline.
     """
 
     def __init__(
@@ -67,6 +70,18 @@ class Profiler:
         self._rollout_live = False
         self._status: Literal["new", "open", "closed"] = "new"
         self._log = logger.bind(run_id=self._run_id)
+        timeline = self.config.timeline
+        self._timeline = (
+            Timeline(
+                capacity=timeline.buffer_events,
+                folder=self._layout.root / "timeline",
+                process=timeline.process or f"driver-{os.getpid()}",
+                clock=self._manifest.clock,
+            )
+            if timeline.enable
+            else None
+        )
+        self._step_began = 0
 
     # -- public API -------------------------------------------------------------------------
 
@@ -133,6 +148,26 @@ class Profiler:
         """The context of one request to ``replica``: gate, count, and report what happened."""
         return Request(self, replica, request_id)
 
+    def span(self, name: str, **attrs: AttrValue) -> Span | NullSpan:
+        """A timeline span named ``name`` (a turn, a tool call), for ``with`` or ``async with``.
+
+        ``attrs`` become the span's args; the current step is added. A no-op when
+        ``timeline.enable`` is false.
+        """
+        if self._timeline is None:
+            return NULL_SPAN
+        return Span(self._timeline, name, attrs, self._step)
+
+    async def flush_timeline(self) -> None:
+        """Write the timeline recorded so far and wait until the file is complete.
+
+        Every step end does this without waiting; a run without steps can call it now and
+        then. Write errors are logged, never raised.
+        """
+        if self._timeline is not None:
+            await self._timeline.write_now()
+            self._save()
+
     async def __aenter__(self) -> Profiler:
         if self._status != "new":
             raise RuntimeError("a Profiler is opened once")
@@ -187,6 +222,8 @@ class Profiler:
                     run.record.state = "timeout"
                     run.record.error = "did not finish before the profiler closed"
             self._status = "closed"
+            if self._timeline is not None:
+                await self._timeline.aclose()
             self._save()
             counts: dict[str, int] = {}
             for record in self._manifest.windows:
@@ -204,6 +241,7 @@ class Profiler:
             raise RuntimeError(f"step {n} entered while step {self._step} is open")
         cfg = self.config
         selected = n in cfg.global_profiler.steps
+        self._step_began = now_ns()
         for name, run in list(self._open_roles.items()):
             machine = self._machines[name]
             continues = cfg.global_profiler.continuous and selected and run.last_step == n - 1
@@ -258,16 +296,27 @@ class Profiler:
             if isinstance(exc, asyncio.CancelledError)
             else "error"
         )
-        closing = self._leave_step_now(n, reason)
+        rollouts, roles = self._leave_step_now(n, reason)
         cfg = self.config
-        if closing and (cfg.global_profiler.wait_for_stops or cfg.strict):
-            await self._wait(closing, self._bound())
-            if exc is None:
+        waits_for_all = cfg.global_profiler.wait_for_stops or cfg.strict
+        try:
+            # A role capture still running would record the next step's work: the step ends
+            # once its role captures have ended, as it began once they had started.
+            await self._wait(rollouts | roles if waits_for_all else roles, self._bound())
+            if waits_for_all and exc is None and (rollouts or roles):
                 self._raise_if_strict([self._runs[key] for key in self._runs if key[0] == n])
+        finally:
+            if self._timeline is not None:
+                self._flush_timeline(self._timeline)
 
-    def _leave_step_now(self, n: int, reason: StopReason) -> set[asyncio.Task[None]]:
-        """Close the windows that end with step ``n``; returns the tasks that stop them."""
+    def _leave_step_now(
+        self, n: int, reason: StopReason
+    ) -> tuple[set[asyncio.Task[None]], set[asyncio.Task[None]]]:
+        """Close the windows that end with step ``n``; the tasks that stop its rollout windows
+        and those that stop its role windows."""
         cfg = self.config
+        if self._timeline is not None:
+            self._timeline.step(n, n in cfg.global_profiler.steps, self._step_began)
         closing = {self._close(run, reason) for run in self._step_rollout.values()}
         if self._rollout_live:
             for replica, machine in self._replicas.items():
@@ -276,13 +325,14 @@ class Profiler:
         self._step_rollout = {}
         self._rollout_live = False
         keep = reason == "step_end" and cfg.global_profiler.continuous
+        roles: set[asyncio.Task[None]] = set()
         for name, run in list(self._open_roles.items()):
             if keep and (n + 1) in cfg.global_profiler.steps:
                 continue
-            closing.add(self._close(run, reason))
+            roles.add(self._close(run, reason))
             del self._open_roles[name]
         self._step = None
-        return closing
+        return closing, roles
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -386,6 +436,8 @@ class Profiler:
             ),
         )
         self._manifest.windows.append(record)
+        if self._timeline is not None:
+            self._timeline.window(record, "skipped")
         self._log.info("window skipped", step=step, target=target.name, why=why)
         self._note(step, target.name, why)
 
@@ -400,6 +452,8 @@ class Profiler:
 
     def _changed(self, run: WindowRun, event: str, detail: str | None) -> None:
         """Log a window transition once and rewrite the manifest."""
+        if self._timeline is not None:
+            self._timeline.window(run.record, event)
         fields = {} if detail is None else {"detail": detail}
         log = self._log.warning if event in _FAILED else self._log.info
         log(f"window {event}", step=run.window.step, target=run.window.target, **fields)
@@ -458,6 +512,23 @@ class Profiler:
         if tasks:
             await asyncio.wait(set(tasks), timeout=limit_s)
 
+    def _flush_timeline(self, timeline: Timeline) -> None:
+        """Write the timeline in its thread; the step does not wait for it.
+
+        The manifest is rewritten when the file first exists; after that the file's entry is
+        brought up to date whenever the manifest is written anyway.
+        """
+        written = timeline.flush()
+        if written is None or self._manifest.timeline:
+            return
+        loop = asyncio.get_running_loop()
+
+        def save_soon(_: object) -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(self._save)
+
+        written.add_done_callback(save_soon)
+
     def _save(self) -> None:
         if self._status == "new":
             return
@@ -465,6 +536,17 @@ class Profiler:
             counts = run.record.requests
             if (counts.admitted, counts.gated) != (run.admitted, run.gated):
                 counts.admitted, counts.gated = run.admitted, run.gated
+        timeline = self._timeline
+        if timeline is not None and timeline.bytes:
+            self._manifest.timeline = [
+                TimelineFile(
+                    path=self._layout.relative(timeline.path),
+                    process=timeline.process,
+                    bytes=timeline.bytes,
+                    events=timeline.events_in_file,
+                    dropped=timeline.dropped,
+                )
+            ]
         write_manifest(self._manifest, self._layout.root / FILENAME)
 
     def _keep_previous_manifest(self) -> None:

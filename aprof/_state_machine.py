@@ -17,7 +17,7 @@ from pathlib import Path
 from aprof._capture import CaptureResult, CaptureTarget, ManagedTarget, Window
 from aprof._config import TimeoutsConfig
 from aprof._layout import OutputLayout, size_of
-from aprof._manifest import FileEntry, StopReason, WindowRecord
+from aprof._manifest import FileEntry, RankCapture, StopReason, WindowRecord
 
 
 class TargetState(enum.Enum):
@@ -287,6 +287,9 @@ class TargetMachine:
             self._note(
                 run.window.step, run.window.target, f"listed files missing: {', '.join(missing)}"
             )
+        record.captures = [
+            RankCapture.of(c, window_last_step=run.last_step) for c in result.captures
+        ]
         if result.note:
             self._note(run.window.step, run.window.target, result.note)
 

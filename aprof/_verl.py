@@ -93,6 +93,7 @@ def from_verl(verl_cfg: Mapping[str, object]) -> ProfilerConfig:
         for role, path in _VERL_ROLES.items():
             _map_role(m, role, path, tool)
         _map_tools(m)
+        _map_schedule(m, tool)
         _map_rollout(m, tool)
         return ProfilerConfig.model_validate(m.data)
     except ValidationError as exc:
@@ -155,6 +156,21 @@ def _map_tools(m: _VerlMap) -> None:
     for key in ("level", "analysis"):
         path = f"{_ACTOR}.tool_config.npu.{key}"
         m.put(f"tool_config.npu.{key}", m.get(path), path)
+
+
+def _map_schedule(m: _VerlMap, tool: object) -> None:
+    """verl's torch schedule (its only one), on when ``active > 0`` as verl reads it."""
+    path = f"{_ACTOR}.tool_config.torch.schedule"
+    schedule = m.get(path)
+    if tool != "torch" or schedule is None:
+        return
+    if not isinstance(schedule, Mapping):
+        raise ConfigError(path, f"expected a mapping, got {_show(schedule)}")
+    if m.get(f"{path}.active") in (None, 0):
+        return
+    m.put("tool_config.torch.schedule", {}, path)
+    for key in ("skip_first", "wait", "warmup", "active", "repeat"):
+        m.put(f"tool_config.torch.schedule.{key}", m.get(f"{path}.{key}"), f"{path}.{key}")
 
 
 def _inherited(m: _VerlMap, key: str) -> tuple[object, str]:

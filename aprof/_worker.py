@@ -14,9 +14,10 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
-from aprof._config import ConfigSource, load_config
+from aprof._capture import CaptureFile, WorkerCapture
+from aprof._config import ConfigSource, ProfilerConfig, ScheduleConfig, load_config
 from aprof._layout import OutputLayout, check_name, safe_name, size_of, write_atomic
 from aprof._logging import logger
 
@@ -27,37 +28,6 @@ CAPTURES_FILE = "captures.json"
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-
-@dataclass(frozen=True, slots=True)
-class CaptureFile:
-    """One file (or trace folder) of a capture."""
-
-    path: str
-    """Relative to ``save_path`` (absolute if the tool wrote outside it)."""
-    bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerCapture:
-    """What one capture of one rank did, as the driver collects it for the manifest."""
-
-    step: int
-    """The global step (for a continuous window, the first step of the run)."""
-    last_step: int
-    """The last global step the capture covered (``step`` unless continuous)."""
-    role: str
-    rank: int
-    stage: str | None
-    """The stage of a discrete capture; ``None`` for a step capture."""
-    tool: str
-    state: Literal["done", "failed"]
-    files: tuple[CaptureFile, ...]
-    error: str | None
-    note: str | None
-    """What the tool says the reader should know (say, an activity it could not record)."""
-    started_ns: int
-    stopped_ns: int
 
 
 @dataclass(slots=True)
@@ -72,6 +42,9 @@ class _Open:
     label: str
     """Who holds the capture, for the message another profiler gets (``actor step 1``)."""
     error: str | None = None
+    """Why the tool did not start; the tool runs only while this is None."""
+    step_error: str | None = None
+    """Why advancing the schedule failed (the capture still ends normally)."""
 
 
 class _ProcessSlot:
@@ -139,6 +112,8 @@ class WorkerProfiler:
         self._step: int | None = None  # the profiled step in progress, None outside one
         self._open: _Open | None = None
         self._stage_calls: dict[str, int] = {}  # discrete captures per stage name in this step
+        self._schedule = _schedule_of(self.config)
+        self._stepping: CaptureTool | None = None  # the tool of a scheduled capture in progress
 
     # -- global steps ----------------------------------------------------------------------
 
@@ -182,6 +157,23 @@ class WorkerProfiler:
         if self._open is not None:
             self._stop()
         self._step = None
+
+    def step(self) -> None:
+        """One update mini-batch ended: advances the schedule of the capture in progress.
+
+        Call it after each mini-batch of the update loop. Without a scheduled capture in
+        progress it is a flag check.
+        """
+        tool = self._stepping
+        if tool is None:
+            return
+        try:
+            tool.step()
+        except Exception as exc:  # the schedule stops here; the capture still ends normally
+            self._stepping = None
+            if self._open is not None:
+                self._open.step_error = f"step failed: {type(exc).__name__}: {exc}"
+            logger.warning("aprof schedule step failed", role=self.role, error=str(exc))
 
     # -- stages ------------------------------------------------------------------------------
 
@@ -237,7 +229,13 @@ class WorkerProfiler:
                 from aprof.tools import make_tool  # imports the tool's framework (torch)
 
                 self._tool = make_tool(self.config)
-            self._tool.start(directory, stem)
+            schedule = self._schedule
+            if schedule is not None and (stage is None or stage in schedule.stages):
+                self._tool.start(directory, stem, scheduled=True)
+                self._stepping = self._tool
+            else:
+                # Tools without a schedule need not take the keyword.
+                self._tool.start(directory, stem)
         except Exception as exc:
             current.error = f"start failed: {type(exc).__name__}: {exc}"
             _SLOT.release(current)
@@ -246,13 +244,17 @@ class WorkerProfiler:
         current, self._open = self._open, None
         if current is None:
             return
+        self._stepping = None
         paths: list[Path] = []
+        note = None
         error = current.error
         if error is None and self._tool is not None:
             try:
                 paths = self._tool.stop()
+                note = self._tool.note
             except Exception as exc:
                 error = f"stop failed: {type(exc).__name__}: {exc}"
+        error = error or current.step_error
         _SLOT.release(current)
         record = WorkerCapture(
             step=current.step,
@@ -264,7 +266,7 @@ class WorkerProfiler:
             state="failed" if error is not None else "done",
             files=tuple(CaptureFile(self._layout.relative(p), size_of(p) or 0) for p in paths),
             error=error,
-            note=self._tool.note if self._tool is not None and error is None else None,
+            note=note,
             started_ns=current.started_ns,
             stopped_ns=time.time_ns(),
         )
@@ -387,6 +389,16 @@ def _decorator(
         return run
 
     return wrap
+
+
+def _schedule_of(config: ProfilerConfig) -> ScheduleConfig | None:
+    """The mini-batch schedule of the configured tool (only torch and npu have one)."""
+    tool = config.global_profiler.tool
+    if tool == "torch":
+        return config.tool_config.torch.schedule
+    if tool == "npu":
+        return config.tool_config.npu.schedule
+    return None
 
 
 def _rank_and_size(rank: int | None, world_size: int | None) -> tuple[int, int]:

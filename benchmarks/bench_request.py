@@ -1,9 +1,17 @@
-"""Per-request cost of ``async with prof.request(...)``, side by side in one process.
+"""What aprof costs an asyncio program: per call, and for many concurrent agent loops.
 
-Compared with a bare ``async with`` of an empty async context manager and with an
-OpenTelemetry SDK span, (a) in a global step that is not profiled and (b) in a profiled
-step while the replica's window is active. Each variant runs ``--calls`` times per round,
-rounds interleaved; the best round of each is reported, in ns per call.
+1. Per call: ``async with prof.request(...)`` and ``prof.span(...)`` side by side in one process
+   with a bare ``async with`` of an empty async context manager and an OpenTelemetry SDK span,
+   in a global step that is not profiled (timeline off and on) and in a profiled step while the
+   replica's window is active. Each variant runs ``--calls`` times per round, rounds
+   interleaved, the timeline written between variants; the best round of each is reported.
+2. Event loop: ``--loops`` concurrent stand-in agent loops of ``--turns`` turns, each turn a
+   ``prof.span`` and a ``prof.request`` around a reply that only yields to the loop, over
+   ``--steps`` profiled global steps; wall time with aprof (timeline on and off) against the
+   same loops without aprof, best of ``--rounds``. Then the largest stall of the event loop
+   while the timeline of one such step is written, seen by a task that sleeps 1 ms and
+   measures how late it wakes, against the same probe on an idle loop.
+
 Run with ``nox -s bench`` (or ``python benchmarks/bench_request.py``).
 """
 
@@ -14,7 +22,10 @@ import asyncio
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, nullcontext
+from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from opentelemetry.sdk.trace import TracerProvider
 
@@ -37,26 +48,43 @@ class Empty:
         return None
 
 
-async def measure(calls: int, rounds: int) -> dict[str, float]:
+def config(save: str, *, timeline: bool, buffer: int, steps: object) -> dict[str, Any]:
+    return {
+        "global_profiler": {"steps": steps, "save_path": save, "wait_for_stops": True},
+        "rollout": {"forward_steps": None},
+        "timeline": {"enable": timeline, "buffer_events": buffer},
+        "log": {"level": "warning"},
+    }
+
+
+# -- 1. per call ------------------------------------------------------------------------------
+
+
+async def measure_calls(calls: int, rounds: int) -> dict[str, float]:
     tracer = TracerProvider().get_tracer("bench")
     with tempfile.TemporaryDirectory() as out:
-        config = {
-            "global_profiler": {"steps": {"every": 2}, "save_path": out, "wait_for_stops": True},
-            "rollout": {"forward_steps": None},
-            "log": {"level": "warning"},
-        }
         aprof.configure_logging(level="warning")
-        async with aprof.Profiler(config) as prof:
-            prof.add_target(RecordingTarget("replica_0", replica=0))
+        on = aprof.Profiler(
+            config(f"{out}/on", timeline=True, buffer=calls + 8, steps={"every": 2})
+        )
+        off = aprof.Profiler(config(f"{out}/off", timeline=False, buffer=1, steps=[]))
+        async with on, off:
+            on.add_target(RecordingTarget("replica_0", replica=0))
+            steps = iter(range(1, 4 * rounds + 1))
 
             async def bare() -> None:
                 for _ in range(calls):
                     async with Empty():
                         pass
 
-            async def request() -> None:
+            async def requests(prof: aprof.Profiler) -> None:
                 for _ in range(calls):
                     async with prof.request(replica=0, request_id="r"):
+                        pass
+
+            async def spans() -> None:
+                for _ in range(calls):
+                    async with on.span("turn", turn=1):
                         pass
 
             async def otel() -> None:
@@ -64,25 +92,28 @@ async def measure(calls: int, rounds: int) -> dict[str, float]:
                     with tracer.start_as_current_span("request"):
                         pass
 
-            steps = iter(range(1, 4 * rounds + 1))
-
-            async def unprofiled() -> None:
-                async with prof.step(next(steps)) as n:
+            async def unprofiled(prof: aprof.Profiler) -> None:
+                async with prof.step(next(steps) if prof is on else 1) as n:
                     assert n not in prof.config.global_profiler.steps
-                    await request()
+                    await requests(prof)
 
             async def profiled() -> None:
-                async with prof.step(next(steps)) as n:
-                    assert n in prof.config.global_profiler.steps
-                    async with prof.request(replica=0) as first:
+                async with on.step(next(steps)) as n:
+                    assert n in on.config.global_profiler.steps
+                    async with on.request(replica=0) as first:
                         assert first.captured
-                    await request()
+                    await requests(on)
 
-            # unprofiled and profiled alternate so that odd steps are plain, even ones profiled
+            async def unprofiled_span() -> None:
+                await spans()
+
+            # `on` alternates unprofiled and profiled steps: odd steps plain, even ones profiled
             variants: dict[str, Callable[[], Awaitable[None]]] = {
-                "bare async with": bare,
-                "prof.request, unprofiled step": unprofiled,
-                "prof.request, active window": profiled,
+                "bare `async with`": bare,
+                "`prof.request`, unprofiled step, timeline off": lambda: unprofiled(off),
+                "`prof.request`, unprofiled step": lambda: unprofiled(on),
+                "`prof.request`, active window": profiled,
+                "`prof.span`": unprofiled_span,
                 "OpenTelemetry SDK span": otel,
             }
             best = dict.fromkeys(variants, float("inf"))
@@ -91,6 +122,116 @@ async def measure(calls: int, rounds: int) -> dict[str, float]:
                     began = time.perf_counter_ns()
                     await run()
                     best[name] = min(best[name], (time.perf_counter_ns() - began) / calls)
+                    await on.flush_timeline()  # not timed: the writer thread is idle again
+            assert on.manifest.timeline[0].dropped == 0
+    return best
+
+
+# -- 2. the event loop ------------------------------------------------------------------------
+
+
+async def stand_in_reply() -> None:
+    """An in-process stand-in for the LLM's reply: it only yields to the event loop."""
+    await asyncio.sleep(0)
+
+
+async def agent_loop(prof: aprof.Profiler | None, sample: int, turns: int) -> None:
+    for turn in range(turns):
+        span: AbstractAsyncContextManager[object]
+        request: AbstractAsyncContextManager[object]
+        if prof is None:
+            span = request = nullcontext()
+        else:
+            span = prof.span("turn", sample=sample, turn=turn)
+            request = prof.request(replica=sample % 2, request_id=f"{sample}-{turn}")
+        async with span, request:
+            await stand_in_reply()
+
+
+async def run_steps(prof: aprof.Profiler | None, loops: int, turns: int, steps: int) -> float:
+    """Wall seconds of ``steps`` steps of ``loops`` concurrent agent loops."""
+    began = time.perf_counter()
+    for n in range(1, steps + 1):
+        step = prof.step(n) if prof is not None else nullcontext()
+        async with step:
+            await asyncio.gather(*(agent_loop(prof, i, turns) for i in range(loops)))
+    return time.perf_counter() - began
+
+
+async def with_profiler(
+    save: Path,
+    timeline: bool,
+    profiled: bool,
+    buffer: int,
+    body: Callable[[aprof.Profiler], Awaitable[float]],
+) -> float:
+    steps = {"every": 1} if profiled else []
+    prof = aprof.Profiler(config(str(save), timeline=timeline, buffer=buffer, steps=steps))
+    async with prof:
+        prof.add_target(RecordingTarget("replica_0", replica=0))
+        result = await body(prof)
+    assert not prof.manifest.timeline or prof.manifest.timeline[0].dropped == 0
+    return result
+
+
+async def probe(stop: asyncio.Event) -> float:
+    """Largest lateness, in seconds, of a 1 ms sleep until ``stop`` is set."""
+    worst = 0.0
+    while not stop.is_set():
+        began = time.perf_counter()
+        await asyncio.sleep(0.001)
+        worst = max(worst, time.perf_counter() - began - 0.001)
+    return worst
+
+
+LOOP_VARIANTS = {
+    "no aprof": None,
+    "aprof, unprofiled steps, timeline off": (False, False),
+    "aprof, unprofiled steps, timeline on": (True, False),
+    "aprof, profiled steps (replica 0 captured), timeline on": (True, True),
+}
+
+
+async def measure_loops(loops: int, turns: int, steps: int, rounds: int) -> dict[str, float]:
+    buffer = 2 * loops * turns + 64
+    best = dict.fromkeys(LOOP_VARIANTS, float("inf"))
+    with tempfile.TemporaryDirectory() as out:
+        for i in range(rounds):
+            for name, variant in LOOP_VARIANTS.items():
+                if variant is None:
+                    wall = await run_steps(None, loops, turns, steps)
+                else:
+                    wall = await with_profiler(
+                        Path(out, f"{len(name)}-{i}"),
+                        *variant,
+                        buffer,
+                        lambda prof: run_steps(prof, loops, turns, steps),
+                    )
+                best[name] = min(best[name], wall)
+
+        async def flush_stall(prof: aprof.Profiler) -> float:
+            async with prof.step(1):
+                await asyncio.gather(*(agent_loop(prof, i, turns) for i in range(loops)))
+            # The step's end handed its spans to the writer thread; the probe runs meanwhile.
+            stop = asyncio.Event()
+            lag = asyncio.create_task(probe(stop))
+            await prof.flush_timeline()  # queued behind the step's write: waits for both
+            stop.set()
+            assert prof.manifest.timeline[0].events >= 2 * loops * turns
+            return await lag
+
+        stalls, idle = [], []
+        for i in range(rounds):
+            stall = await with_profiler(Path(out, f"stall{i}"), True, False, buffer, flush_stall)
+            stalls.append(stall)
+            stop = asyncio.Event()
+            lag = asyncio.create_task(probe(stop))
+            await asyncio.sleep(0.2)
+            stop.set()
+            idle.append(await lag)
+    best["stall"] = min(stalls)
+    best["stall, worst round"] = max(stalls)
+    best["idle"] = max(idle)
     return best
 
 
@@ -98,13 +239,38 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--loops", type=int, default=10_000)
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
-    best = asyncio.run(measure(args.calls, args.rounds))
-    bare, otel = best["bare async with"], best["OpenTelemetry SDK span"]
-    print(f"| variant | ns per call | vs bare | OpenTelemetry / this |  ({args.calls} calls)")
+
+    best = asyncio.run(measure_calls(args.calls, args.rounds))
+    bare, otel = best["bare `async with`"], best["OpenTelemetry SDK span"]
+    print(f"Per call, best of {args.rounds} rounds of {args.calls} calls\n")
+    print("| variant | ns per call | vs bare | OpenTelemetry / this |")
     print("|---|---:|---:|---:|")
     for name, ns in best.items():
         print(f"| {name} | {ns:.0f} | {ns / bare:.2f}x | {otel / ns:.1f}x |")
+
+    loops = asyncio.run(measure_loops(args.loops, args.turns, args.steps, args.rounds))
+    print(
+        f"\n{args.loops} concurrent agent loops x {args.turns} turns x {args.steps} steps, "
+        f"best of {args.rounds}\n"
+    )
+    print("| variant | wall s | vs no aprof | per turn |")
+    print("|---|---:|---:|---:|")
+    none = loops["no aprof"]
+    for name in LOOP_VARIANTS:
+        extra_us = (loops[name] - none) / (args.loops * args.turns * args.steps) * 1e6
+        print(
+            f"| {name} | {loops[name]:.3f} | {loops[name] / none - 1:+.1%} | +{extra_us:.2f} µs |"
+        )
+    print(
+        f"\nlargest event-loop stall while one step's timeline ({2 * args.loops * args.turns} "
+        f"spans) is written: {loops['stall'] * 1e3:.2f} ms in the best round, "
+        f"{loops['stall, worst round'] * 1e3:.2f} ms in the worst "
+        f"(the same probe on an idle loop: {loops['idle'] * 1e3:.2f} ms)"
+    )
 
 
 if __name__ == "__main__":

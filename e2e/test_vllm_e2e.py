@@ -189,3 +189,32 @@ def test_inprocess_asyncllm_through_the_engine_adapter(
         workers = _worker_traces(save_path, files)
         assert workers
         assert [count_vllm_iterations(w) for w in workers] == [3] * len(workers)
+
+
+async def test_demo_against_real_vllm(
+    tmp_path: Path, tiny_model: Path, owned_env: dict[str, str]
+) -> None:
+    """``aprof demo --server vllm URL``: tool-calling agent loops through the OpenAI API of a
+    real vLLM, its profiled step captured and auto-stopped by the server."""
+    cfg = _config(tmp_path / "launch", [1])
+    spec = _spec(cfg, tiny_model, owned_env, profiling=True)
+    server = await launch(spec, log_path=tmp_path / "vllm.log", health_timeout_s=HEALTH_TIMEOUT_S)
+    out = tmp_path / "demo"
+    async with server:
+        demo = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "aprof", "demo", "--server", "vllm", server.base_url,
+            "--num-steps", "2", "--steps", "2", "--concurrency", "4", "--forward-steps", "4",
+            "--out", str(out),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        stdout, stderr = await asyncio.wait_for(demo.communicate(), timeout=300)
+    assert demo.returncode == 0, stderr.decode(errors="replace")[-4000:]
+    assert "step 2/2: 4 rollouts (0 failed" in stderr.decode()
+    assert_windows(
+        out,
+        [
+            {"step": 2, "target": "replica_0", "state": "done", "forward_steps.observed": 4},
+            {"step": 2, "target": "trainer", "state": "done"},
+        ],
+    )
+    assert "replica_0" in stdout.decode()

@@ -188,8 +188,14 @@ async def _terminate(process: asyncio.subprocess.Process, grace_s: float) -> Non
     except TimeoutError:
         logger.warning("server ignored SIGTERM; killing it", pid=group, grace_s=grace_s)
         _signal_group(group, signal.SIGKILL)
-        async with asyncio.timeout(grace_s):
-            await process.wait()
+        try:
+            async with asyncio.timeout(grace_s):
+                await process.wait()
+        except TimeoutError:
+            # Stuck in the kernel (uninterruptible I/O): nothing more can be done from here,
+            # and a close must not raise for it.
+            logger.error("server did not exit after SIGKILL", pid=group, grace_s=grace_s)
+            return
     # Children (engine cores, workers) share the group and may still be shutting down.
     if await _group_lingers(group, grace_s):
         logger.warning("server's child processes outlived it; killing them", pid=group)

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import gzip
+import itertools
+import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 import aprof
 from aprof.testing import assert_windows
@@ -18,25 +25,111 @@ def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _trace_events(path: Path) -> list[dict[str, Any]]:
+    with gzip.open(path, "rt") as f:
+        events: list[dict[str, Any]] = json.load(f)["traceEvents"]
+    return events
+
+
 def test_demo_profiles_the_selected_steps(tmp_path: Path) -> None:
-    """The demo runs end to end and leaves a manifest with one window per (step, replica)."""
+    """The demo launches reference servers, rolls out tool loops, trains, and leaves a manifest
+    with the rollout and trainer windows of the selected steps, their traces and a timeline."""
     out = tmp_path / "demo"
     done = run(
         "-m", "aprof", "demo", "--num-steps", "3", "--steps", "1,3", "--replicas", "2",
         "--concurrency", "4", "--forward-steps", "2", "--out", str(out),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "replica_1" in done.stdout and "manifest:" in done.stdout
+    assert "step 3/3: 4 rollouts (0 failed" in done.stderr
+    assert "replica_1" in done.stdout and "timeline:" in done.stdout
     assert_windows(
         out,
         [
             {"step": s, "target": f"replica_{r}", "state": "done", "stop_reason": "auto_stop"}
             for s in (1, 3)
             for r in (0, 1)
-        ],
+        ]
+        + [{"step": s, "target": "trainer", "kind": "role", "state": "done"} for s in (1, 3)],
     )
     manifest = aprof.load_manifest(out)
-    assert all((w.forward_steps.observed or 0) >= 2 for w in manifest.windows)
+    for w in manifest.windows:
+        assert w.files, w
+        for f in w.files:
+            assert (out / f.path).exists()
+        if w.kind == "rollout":
+            assert w.forward_steps.observed == 2
+            assert f"step_{w.step}/rollout/replica_" in w.files[0].path
+        else:
+            # The trainer's capture holds the policy update and its mini-batches.
+            (trace,) = [f for f in w.files if f.path.endswith(".pt.trace.json.gz")]
+            names = {e.get("name") for e in _trace_events(out / trace.path)}
+            assert {"update_policy", "mini_batch0"} <= names
+    # The timeline holds one request span per request the agent loops made.
+    (timeline,) = manifest.timeline
+    events = _trace_events(out / timeline.path)
+    requests = [e for e in events if e.get("ph") == "b" and e.get("cat") == "request"]
+    turns = [e for e in events if e.get("ph") == "b" and e.get("name") == "turn"]
+    assert len(requests) == len(turns) == 3 * 4 * 3  # steps x loops x turns
+    assert {e["args"]["step"] for e in requests} == {1, 2, 3}
+
+
+def test_demo_fully_async(tmp_path: Path) -> None:
+    """In fully-async mode rollouts run across step boundaries and the windows still land."""
+    out = tmp_path / "demo"
+    done = run(
+        "-m", "aprof", "demo", "--mode", "fully-async", "--num-steps", "2", "--steps", "2",
+        "--replicas", "1", "--concurrency", "4", "--forward-steps", "2", "--out", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert_windows(
+        out,
+        [
+            {"step": 2, "target": "replica_0", "state": "done"},
+            {"step": 2, "target": "trainer", "state": "done"},
+        ],
+    )
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if text.encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue  # the process ended while we looked
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to find the servers")
+def test_demo_stops_its_servers_on_ctrl_c(tmp_path: Path) -> None:
+    """Ctrl-C in the middle of a profiled step stops the servers the demo launched."""
+    out = tmp_path / "demo"
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "aprof", "demo", "--num-steps", "50", "--steps", "2",
+         "--replicas", "2", "--concurrency", "2", "--out", str(out)],
+        cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        assert demo.stderr is not None
+        seen = []
+        for line in itertools.islice(demo.stderr, 200):  # bounded: the run prints ~60 lines
+            seen.append(line)
+            if line.startswith("step 1/50"):
+                break  # step 2, profiled, is under way
+        else:
+            raise AssertionError("the demo never finished step 1:\n" + "".join(seen))
+        # The servers write into the run's folder: that names them among all processes.
+        assert _processes_mentioning(str(out / "server_traces")), "no server was running"
+        demo.send_signal(signal.SIGINT)
+        assert demo.wait(timeout=60) == 130
+        assert _processes_mentioning(str(out / "server_traces")) == []
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait(timeout=30)
+    # The interrupted run still leaves a valid manifest.
+    aprof.load_manifest(out)
 
 
 def test_demo_bad_input_is_one_line(tmp_path: Path) -> None:

@@ -1,23 +1,57 @@
-"""``aprof demo``: the scheduler end to end on simulated replicas, with a table of windows.
+"""``aprof demo``: a small async RL loop, profiled end to end, with a table of what was captured.
 
-The simulated replicas stand in for inference servers until the embedded reference server
-lands: each request runs a few engine forward steps on its replica, so auto-stop, gating and
-the manifest behave as they do against a real server.
+It launches ``--replicas`` reference servers (subprocesses), then runs ``--num-steps`` global
+steps: each step rolls out ``--concurrency`` multi-turn tool-calling agent loops over the
+replicas and trains a tiny policy on CPU. The ``--steps`` steps are profiled: a rollout window
+on every replica (auto-stopped by the server after ``--forward-steps`` engine forward steps)
+and a ``trainer`` role window around the policy update. Everything goes under ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import random
+import contextlib
+import itertools
 import sys
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
-from aprof._config import load_config
+import aiohttp
+
+from agentloop import (
+    AgentLoopRunner,
+    LLMClient,
+    Sample,
+    ScriptedToolCalls,
+    ToolAgentLoop,
+    Trajectory,
+    calculator,
+    search,
+)
+from aprof._capture import CaptureTarget
+from aprof._config import ProfilerConfig, load_config
 from aprof._errors import ConfigError
+from aprof._logging import configure_logging
 from aprof._manifest import Manifest
 from aprof._scheduler import Profiler
-from aprof.testing import RecordingTarget
+from aprof._worker import WorkerProfiler
+from aprof._worker_group import LocalWorker, WorkerGroup
+from aprof.cli.demo_trainer import Trainer
+from servers import LaunchError, VLLMServer, launch, launch_spec
+from servers.process import free_port
+
+REFERENCE_VERSION = "0.32.0"
+"""The vLLM release the reference servers imitate: per-capture bounds, so they auto-stop."""
+PROMPTS = (
+    "Add the numbers and look up what you need: ",
+    "Plan the next tool call. ",
+    "Question: how does continuous batching work? ",
+    "Compute, then search, then answer. ",
+)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -26,92 +60,206 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "demo",
         help="run a small profiled async RL loop and show what was captured",
         description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument(
+        "--server",
+        nargs="+",
+        default=["reference"],
+        metavar="KIND [URL ...]",
+        help="'reference' (launch reference servers, the default) or 'vllm URL [URL ...]' "
+        "(running vLLM servers launched with profiling, one replica per URL)",
+    )
+    parser.add_argument("--mode", choices=("sync", "fully-async"), default="sync")
     parser.add_argument("--steps", default="1,2,5", help="global steps to profile (default 1,2,5)")
     parser.add_argument("--num-steps", type=int, default=6, help="global steps to run (default 6)")
-    parser.add_argument("--replicas", type=int, default=2, help="simulated replicas (default 2)")
-    parser.add_argument("--concurrency", type=int, default=32, help="agent loops per step")
-    parser.add_argument("--forward-steps", type=int, default=8, help="auto-stop after N steps")
+    parser.add_argument("--replicas", type=int, default=2, help="reference servers (default 2)")
+    parser.add_argument("--concurrency", type=int, default=16, help="agent loops per step")
+    parser.add_argument(
+        "--forward-steps", type=int, default=8, help="engine forward steps per rollout window"
+    )
     parser.add_argument("--out", type=Path, default=Path("aprof-demo"), help="output folder")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the demo; 0 on success, 1 with one line on stderr on bad input."""
-    for flag in ("num_steps", "replicas", "concurrency", "forward_steps"):
-        if getattr(args, flag) < 1:
-            print(f"aprof demo: --{flag.replace('_', '-')} must be >= 1", file=sys.stderr)
-            return 1
+    """Run the demo; 0 on success, 1 with one line on stderr on bad input or a failed launch."""
+    problem = _check(args)
+    if problem is not None:
+        print(f"aprof demo: {problem}", file=sys.stderr)
+        return 1
     try:
         config = load_config(
             {
-                "global_profiler": {"steps": args.steps, "save_path": str(args.out)},
+                "global_profiler": {
+                    "steps": args.steps,
+                    "save_path": str(args.out),
+                    "wait_for_stops": True,
+                },
                 "rollout": {"replicas": "all", "forward_steps": args.forward_steps},
-                "timeouts": {"poll_s": 0.001},
+                "roles": {"trainer": {"discrete": True}},
                 "log": {"level": "warning"},
             }
         )
-        manifest = asyncio.run(_main(args, Profiler(config)))
     except ConfigError as exc:
         print(f"aprof demo: {exc}", file=sys.stderr)
         return 1
-    _print_table(manifest, args.out)
+    configure_logging(config.log.format, config.log.level)
+    try:
+        manifest = asyncio.run(_main(args, config))
+    except (LaunchError, _ServerError) as exc:
+        print(f"aprof demo: {exc}", file=sys.stderr)
+        return 1
+    _print_table(manifest, config.global_profiler.save_path)
     return 0
 
 
-class _Engine:
-    """A simulated inference replica: one batched forward step every tick while busy."""
-
-    def __init__(self, target: RecordingTarget) -> None:
-        self.target = target
-        self.running = 0
-        self._tick = asyncio.Condition()
-
-    async def run(self) -> None:
-        while True:  # ends when the demo cancels it
-            await asyncio.sleep(0.002)
-            if self.running:
-                async with self._tick:
-                    self.target.advance()
-                    self._tick.notify_all()
-
-    async def generate(self, tokens: int) -> None:
-        self.running += 1
-        try:
-            for _ in range(tokens):
-                async with self._tick:
-                    await self._tick.wait()
-        finally:
-            self.running -= 1
+class _ServerError(Exception):
+    """A server given with ``--server vllm URL`` cannot be used."""
 
 
-async def _main(args: argparse.Namespace, prof: Profiler) -> Manifest:
-    rng = random.Random(0)
-    engines = [_Engine(RecordingTarget(f"replica_{r}", replica=r)) for r in range(args.replicas)]
-    for engine in engines:
-        prof.add_target(engine.target)
+def _check(args: argparse.Namespace) -> str | None:
+    for flag in ("num_steps", "replicas", "concurrency", "forward_steps"):
+        if getattr(args, flag) < 1:
+            return f"--{flag.replace('_', '-')} must be >= 1"
+    kind, *urls = args.server
+    if kind == "reference" and urls:
+        return "--server reference takes no URL"
+    if kind == "vllm" and not urls:
+        return "--server vllm needs the URL of at least one running vLLM server"
+    if kind not in ("reference", "vllm"):
+        return f"--server: expected 'reference' or 'vllm URL', got {kind!r}"
+    bad = [url for url in urls if not url.startswith(("http://", "https://"))]
+    if bad:
+        return f"--server vllm: not an http(s) URL: {bad[0]!r}"
+    return None
 
-    async def agent_loop(step: int, sample: int) -> None:
-        replica = sample % len(engines)
-        for turn in range(3):
-            async with prof.request(replica=replica, request_id=f"s{step}-{sample}-{turn}"):
-                await engines[replica].generate(rng.randint(2, 6))
-            await asyncio.sleep(rng.random() * 0.005)  # a tool call between turns
 
-    async with prof, asyncio.TaskGroup() as background:
-        ticking = [background.create_task(engine.run()) for engine in engines]
-        for step in range(1, args.num_steps + 1):
-            async with prof.step(step), asyncio.TaskGroup() as loops:
-                for sample in range(args.concurrency):
-                    loops.create_task(agent_loop(step, sample))
-            print(f"step {step}/{args.num_steps} done", file=sys.stderr)
-        for task in ticking:
-            task.cancel()
+async def _main(args: argparse.Namespace, config: ProfilerConfig) -> Manifest:
+    out = config.global_profiler.save_path
+    async with contextlib.AsyncExitStack() as stack:
+        # Entered first, left last: the servers outlive the profiler's final stops.
+        urls, model, targets = await _servers(args, config, stack)
+        prof = Profiler(config)
+        for target in targets:
+            prof.add_target(target)
+        worker = WorkerProfiler(config, role="trainer", rank=0, world_size=1)
+        prof.add_target(WorkerGroup("trainer", [LocalWorker(worker)], config))
+        trainer = Trainer(worker)
+        thread = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="trainer"))
+        await stack.enter_async_context(prof)
+        llm = await stack.enter_async_context(
+            LLMClient(urls, prof=prof, model=model, timeout_s=120.0)
+        )
+        loop = ToolAgentLoop(
+            llm, [calculator, search], parser=ScriptedToolCalls(2), max_turns=3, max_tokens=16
+        )
+        runner = AgentLoopRunner(loop, concurrency=args.concurrency)
+        samples = _samples()
+        _say(f"profiling steps {args.steps} of {args.num_steps}; output in {out}")
+        if args.mode == "sync":
+            for n in range(1, args.num_steps + 1):
+                began = time.monotonic()
+                async with prof.step(n):
+                    batch = await runner.run_batch(itertools.islice(samples, args.concurrency))
+                    loss = await _train(trainer, batch, thread)
+                _progress(prof, n, args.num_steps, batch, loss, began)
+        else:
+            async with runner.stream(samples, max_staleness=1) as rollouts:
+                for n in range(1, args.num_steps + 1):
+                    began = time.monotonic()
+                    async with prof.step(n):
+                        batch = await rollouts.take(args.concurrency, timeout_s=120.0)
+                        loss = await _train(trainer, batch, thread)
+                    _progress(prof, n, args.num_steps, batch, loss, began)
     return prof.manifest
 
 
+async def _servers(
+    args: argparse.Namespace, config: ProfilerConfig, stack: contextlib.AsyncExitStack
+) -> tuple[list[str], str | None, list[CaptureTarget]]:
+    """The replicas' URLs, the model to ask for, and their capture targets."""
+    kind, *urls = args.server
+    if kind == "vllm":
+        model = await _served_model(urls[0])
+        return urls, model, [VLLMServer(url, replica=r) for r, url in enumerate(urls)]
+    logs = config.global_profiler.save_path / "logs"
+    specs = [
+        launch_spec("reference", config, version=REFERENCE_VERSION, port=free_port())
+        for _ in range(args.replicas)
+    ]
+    _say(f"launching {len(specs)} reference servers (logs in {logs})")
+    launched = await asyncio.gather(
+        *(launch(spec, log_path=logs / f"replica_{r}.log") for r, spec in enumerate(specs)),
+        return_exceptions=True,
+    )
+    for server in launched:
+        if not isinstance(server, BaseException):
+            stack.push_async_callback(server.aclose)
+    for server in launched:
+        if isinstance(server, BaseException):
+            raise server
+    return (
+        [spec.base_url for spec in specs],
+        None,
+        [spec.adapter(replica=r) for r, spec in enumerate(specs)],
+    )
+
+
+async def _served_model(url: str) -> str:
+    """The model a running vLLM server serves (its first ``/v1/models`` entry)."""
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+            session.get(f"{url.rstrip('/')}/v1/models") as response,
+        ):
+            response.raise_for_status()
+            body: dict[str, Any] = await response.json()
+            return str(body["data"][0]["id"])
+    except (aiohttp.ClientError, TimeoutError, KeyError, IndexError, ValueError) as exc:
+        raise _ServerError(f"cannot read the served model from {url}/v1/models: {exc}") from None
+
+
+def _samples() -> Iterator[Sample]:
+    for i in itertools.count():
+        yield Sample(id=f"sample{i}", prompt=PROMPTS[i % len(PROMPTS)])
+
+
+def _reward(traj: Trajectory) -> float:
+    """A stand-in reward: the share of the trajectory's tool calls that answered."""
+    results = [r for turn in traj.turns for r in turn.tool_results]
+    return sum(r.ok for r in results) / len(results) if results else 0.0
+
+
+async def _train(trainer: Trainer, batch: Sequence[Trajectory], thread: Executor) -> float:
+    done = [traj for traj in batch if traj.ok]
+    texts = [traj.response for traj in done]
+    # Off the event loop: the policy update is CPU-bound and the rollouts (fully-async) go on.
+    # Always the same thread: torch's profiler wants every capture on the thread of its first.
+    return await asyncio.get_running_loop().run_in_executor(
+        thread, trainer.update, texts, [_reward(t) for t in done]
+    )
+
+
+def _progress(
+    prof: Profiler, n: int, total: int, batch: Sequence[Trajectory], loss: float, began: float
+) -> None:
+    failed = sum(not traj.ok for traj in batch)
+    turns = sum(len(traj.turns) for traj in batch)
+    windows = [w for w in prof.manifest.windows if w.step == n]
+    captured = ", ".join(f"{w.target} {w.state}" for w in windows) or "not profiled"
+    _say(
+        f"step {n}/{total}: {len(batch)} rollouts ({failed} failed, {turns} turns), "
+        f"loss {loss:.3f}, {time.monotonic() - began:.1f}s; {captured}"
+    )
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def _print_table(manifest: Manifest, out: Path) -> None:
-    header = ("step", "target", "state", "stop", "fwd req/obs", "gated/admitted", "files", "bytes")
+    header = ("step", "target", "state", "stop", "fwd req/obs", "gated/admitted", "files", "size")
     rows = [header]
     for w in manifest.windows:
         fs = w.forward_steps
@@ -121,14 +269,28 @@ def _print_table(manifest: Manifest, out: Path) -> None:
                 w.target,
                 w.state,
                 w.stop_reason or "-",
-                f"{fs.requested if fs.requested is not None else '-'}/"
-                f"{fs.observed if fs.observed is not None else '-'}",
-                f"{w.requests.gated}/{w.requests.admitted}",
+                f"{'-' if fs.requested is None else fs.requested}/"
+                f"{'-' if fs.observed is None else fs.observed}",
+                f"{w.requests.gated}/{w.requests.admitted}" if w.kind == "rollout" else "-",
                 str(len(w.files)),
-                str(sum(f.bytes for f in w.files)),
+                _size(sum(f.bytes for f in w.files)),
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
     print(f"\nmanifest: {out / 'manifest.json'}")
+    for timeline in manifest.timeline:
+        print(f"timeline: {out / timeline.path}")
+    print("open the timeline and any trace file (*.pt.trace.json.gz) in https://ui.perfetto.dev")
+
+
+def _size(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    size = float(n)
+    for unit in ("KiB", "MiB", "GiB"):
+        size /= 1024
+        if size < 1024 or unit == "GiB":
+            break
+    return f"{size:.1f} {unit}"

@@ -31,8 +31,12 @@ class CaptureTool(Protocol):
     note: str | None
     """Anything the manifest reader should know about the last capture (``None`` if nothing)."""
 
-    def start(self, dir: Path, stem: str) -> None:
-        """Begin a capture writing into ``dir``; every file name starts with ``stem``."""
+    def start(self, dir: Path, stem: str, *, scheduled: bool = False) -> None:
+        """Begin a capture writing into ``dir``; every file name starts with ``stem``.
+
+        ``scheduled``: follow the tool's mini-batch schedule, advanced by ``step`` (only
+        passed, as True, to a tool whose config has one).
+        """
         ...
 
     def stop(self) -> list[Path]:
@@ -44,7 +48,7 @@ class CaptureTool(Protocol):
         ...
 
     def step(self) -> None:
-        """Mark a step boundary for the tool's schedule; a no-op for tools without one."""
+        """The current mini-batch ended: advance a scheduled capture; else nothing."""
         ...
 
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from aprof.tools import ToolUnavailableError
+from aprof.tools._schedule import MiniBatches, cycle_stem
 
 if TYPE_CHECKING:
     from aprof._config import NPUToolConfig
@@ -42,7 +43,8 @@ class NPUTool:
     turn on the matching profiler flags. Small by default: data simplification on, AI Core
     metrics only from level1 up, Db export, no parsing after the capture unless ``analysis``
     (parse later with ``analyse``). Stages are mstx ranges. Writes one
-    ``<stem>_<pid>_<timestamp>_ascend_pt/`` folder per capture.
+    ``<stem>_<pid>_<timestamp>_ascend_pt/`` folder per capture; a scheduled capture writes one
+    per recorded cycle, renamed ``<stem>-mb<first>-<last>_<pid>_<timestamp>_ascend_pt/``.
     """
 
     name = "npu"
@@ -52,12 +54,20 @@ class NPUTool:
         self.config = config
         self.note: str | None = None
         self._profiler: Any = None
-        self._dir: Path | None = None
-        self._before: set[Path] = set()
+        self._dir = Path()
         self._stem = ""
+        self._handler: Callable[[Any], None] | None = None
+        self._mini_batches: MiniBatches | None = None
+        self._seen: set[Path] = set()
+        self._found: list[Path] = []
+        self._failures: list[str] = []
 
-    def start(self, dir: Path, stem: str) -> None:
-        """Start a torch_npu.profiler capture whose ``*_ascend_pt`` folder goes into ``dir``."""
+    def start(self, dir: Path, stem: str, *, scheduled: bool = False) -> None:
+        """Start a torch_npu.profiler capture whose ``*_ascend_pt`` folders go into ``dir``.
+
+        ``scheduled``: follow ``tool_config.npu.schedule`` (``torch_npu.profiler.schedule``),
+        advanced by ``step``.
+        """
         if self._profiler is not None:
             raise RuntimeError("an npu capture is already active")
         prof = self._npu.profiler
@@ -80,31 +90,46 @@ class NPUTool:
             data_simplification=True,
             export_type=prof.ExportType.Db,
         )
+        schedule = self.config.schedule if scheduled else None
+        mini_batches = MiniBatches(schedule) if schedule is not None else None
         dir.mkdir(parents=True, exist_ok=True)
+        # The handler names the folder (torch_npu creates it when a cycle begins).
+        handler = prof.tensorboard_trace_handler(
+            str(dir), worker_name=stem, analyse_flag=self.config.analysis
+        )
         profiler = prof.profile(
             # Only extras in contents: None lets torch_npu record what it supports (CPU, NPU).
             activities=activities or None,
-            on_trace_ready=prof.tensorboard_trace_handler(
-                str(dir), worker_name=stem, analyse_flag=self.config.analysis
-            ),
+            # Keywords: torch_npu's positional order (wait, active, warmup, ...) is not torch's.
+            schedule=prof.schedule(**mini_batches.native()) if mini_batches else None,
+            on_trace_ready=self._trace_ready,
             experimental_config=experimental,
             **{flag: content in wanted for content, flag in _FLAGS.items()},
         )
-        before = set(dir.glob(f"{stem}_*_ascend_pt"))
+        self._dir, self._stem, self._handler = dir, stem, handler
+        self._mini_batches, self._found, self._failures = mini_batches, [], []
+        self._seen = set(self._folders())
         profiler.start()
-        self._profiler, self._dir, self._before, self._stem = profiler, dir, before, stem
+        self._profiler = profiler
 
     def stop(self) -> list[Path]:
-        """Stop the capture (its trace handler writes the folder); the new ``*_ascend_pt``."""
-        profiler, dir = self._profiler, self._dir
-        if profiler is None or dir is None:
+        """Stop the capture (a cycle it cuts short is flushed); the new ``*_ascend_pt``."""
+        profiler = self._profiler
+        if profiler is None:
             raise RuntimeError("no npu capture is active")
-        self._profiler = self._dir = None
+        self._profiler = None
         profiler.stop()
-        found = sorted(set(dir.glob(f"{self._stem}_*_ascend_pt")) - self._before)
-        # torch_npu prints and swallows its own errors, so a missing folder is the only sign.
-        self.note = None if found else "torch_npu wrote no *_ascend_pt folder (see its output)"
-        return found
+        mini_batches = self._mini_batches
+        notes = list(self._failures)
+        if mini_batches is None:
+            # torch_npu prints and swallows its own errors, so a missing folder is the only sign.
+            if not self._found:
+                notes.append("torch_npu wrote no *_ascend_pt folder (see its output)")
+        else:
+            end = mini_batches.end_note(len(self._found) + len(self._failures))
+            notes += [end] if end else []
+        self.note = "; ".join(notes) or None
+        return list(self._found)
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
@@ -116,7 +141,37 @@ class NPUTool:
             self._npu.npu.mstx.range_end(range_id)
 
     def step(self) -> None:
-        """No schedule is configured, so there is nothing to advance."""
+        """The current mini-batch ended: advance the schedule (nothing without one)."""
+        if self._profiler is None or self._mini_batches is None:
+            return
+        self._profiler.step()  # flushes the cycle that ended with this mini-batch, if one did
+        self._mini_batches.current += 1
+
+    def _folders(self) -> list[Path]:
+        return sorted(self._dir.glob(f"{self._stem}_*_ascend_pt"))
+
+    def _trace_ready(self, profiler: Any) -> None:
+        # torch_npu calls this when a recorded cycle (or the whole unscheduled capture) ends,
+        # after it finalised the cycle's folder; the handler parses it when `analysis` is on.
+        if self._handler is not None:
+            self._handler(profiler)
+        new = [f for f in self._folders() if f not in self._seen]
+        if self._mini_batches is None:
+            self._found += new
+            return
+        first, last = self._mini_batches.cycle()
+        for folder in new:
+            # The folder holds this cycle only: name it for its mini-batches, as torch's files.
+            tail = folder.name.removeprefix(self._stem)
+            renamed = folder.with_name(cycle_stem(self._stem, first, last) + tail)
+            try:
+                folder.rename(renamed)
+            except OSError as exc:
+                self._seen.add(folder)
+                self._failures.append(f"mini-batches {first}-{last} left in {folder.name}: {exc}")
+                self._found.append(folder)
+                continue
+            self._found.append(renamed)
 
 
 def analyse(dir: Path, *, max_process_number: int | None = None) -> None:

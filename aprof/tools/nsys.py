@@ -8,16 +8,24 @@ opens and closes capture ranges and marks stages with NVTX ranges.
 from __future__ import annotations
 
 import contextlib
+import os
+import re
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from aprof._layout import size_of
 from aprof.tools import _require_cuda
 
 if TYPE_CHECKING:
     from aprof._config import NsysToolConfig, ProfilerConfig
 
-REPORT_GLOB = "*.nsys-rep"
+REPORT_SUFFIX = ".nsys-rep"
+REPORT_GLOB = f"*{REPORT_SUFFIX}"
+POLL_S = 0.5
+"""How often a stop looks at the reports; a report is written once its size holds still."""
+_pause = time.sleep  # the wait between two looks (tests gate the looks through it)
 
 
 def report_dir(config: ProfilerConfig) -> Path:
@@ -68,8 +76,9 @@ def ray_nsight_runtime_env(
 class NsysTool:
     """Capture ranges by ``cudaProfilerStart``/``cudaProfilerStop``; NVTX ranges for stages.
 
-    nsys names the reports (from ``-o``) and writes them when a range ends or the process
-    exits, so ``stop`` lists the reports that appeared in ``reports`` since ``start``.
+    nsys names the reports (from ``-o``) and writes them after a range ends, while the
+    process goes on, so ``stop`` waits (at most ``finalize_s``) for this process's new
+    reports to appear in ``reports`` and stop growing.
     """
 
     name = "nsys"
@@ -81,8 +90,11 @@ class NsysTool:
         self.note: str | None = None
         self._before: set[Path] | None = None
 
-    def start(self, dir: Path, stem: str) -> None:
-        """Open a capture range (``dir`` and ``stem`` are unused: nsys names its reports)."""
+    def start(self, dir: Path, stem: str, *, scheduled: bool = False) -> None:
+        """Open a capture range (``dir`` and ``stem`` are unused: nsys names its reports).
+
+        nsys has no schedule (the config cannot give one), so ``scheduled`` is never true.
+        """
         import torch.cuda
 
         if self._before is not None:
@@ -92,7 +104,7 @@ class NsysTool:
         self._before, self.note = before, None
 
     def stop(self) -> list[Path]:
-        """Close the capture range; the reports that appeared since ``start``."""
+        """Close the capture range; this process's reports since ``start``, once written."""
         import torch.cuda
 
         before = self._before
@@ -102,9 +114,13 @@ class NsysTool:
         # Kernels still queued would fall outside the range.
         torch.cuda.synchronize()
         _check("cudaProfilerStop", torch.cuda.cudart().cudaProfilerStop())  # type: ignore[no-untyped-call]
-        found = sorted(set(self.reports.glob(REPORT_GLOB)) - before)
-        if not found:
-            self.note = f"no new report in {self.reports} yet: nsys writes it at range end or exit"
+        found, finalised = self._wait_for_reports(before)
+        if not finalised:
+            what = "no report appeared" if not found else "the report was still growing"
+            self.note = (
+                f"nsys report not finalised within finalize_s ({self.config.finalize_s:g} s): "
+                f"{what} in {self.reports}"
+            )
         return found
 
     @contextlib.contextmanager
@@ -120,6 +136,33 @@ class NsysTool:
 
     def step(self) -> None:
         """No schedule: nothing to advance."""
+
+    def _wait_for_reports(self, before: set[Path]) -> tuple[list[Path], bool]:
+        """This process's new reports once their sizes hold still across a poll; and whether
+        they did before ``finalize_s`` ran out (else the reports there are, as they are)."""
+        deadline = time.monotonic() + self.config.finalize_s
+        pid = os.getpid()
+        last: dict[Path, int] | None = None
+        while True:
+            sizes = {
+                path: size
+                for path in set(self.reports.glob(REPORT_GLOB)) - before
+                if is_report_of(path.name, pid) and (size := size_of(path))
+            }
+            if sizes and sizes == last:
+                return sorted(sizes), True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return sorted(sizes), False
+            last = sizes
+            _pause(min(POLL_S, remaining))
+
+
+def is_report_of(name: str, pid: int) -> bool:
+    """Whether report ``name`` is process ``pid``'s: its name holds the pid (``%p`` in ``-o``),
+    or holds no number long enough to be one (``-o`` without ``%p``: one process per folder)."""
+    numbers = re.findall(r"\d+", name.removesuffix(REPORT_SUFFIX))
+    return str(pid) in numbers or all(len(n) < 3 for n in numbers)
 
 
 def _check(call: str, status: int) -> None:

@@ -35,8 +35,11 @@ class TorchMemoryTool:
             # torch offers no way to detach an observer: attach once, act only while capturing.
             torch._C._cuda_attach_out_of_memory_observer(self._on_oom)
 
-    def start(self, dir: Path, stem: str) -> None:
-        """Start recording allocator history (the ring keeps the last ``max_entries`` events)."""
+    def start(self, dir: Path, stem: str, *, scheduled: bool = False) -> None:
+        """Start recording allocator history (the ring keeps the last ``max_entries`` events).
+
+        torch_memory has no schedule (the config cannot give one): ``scheduled`` is never true.
+        """
         import torch.cuda.memory
 
         if self._dir is not None:

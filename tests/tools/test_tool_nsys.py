@@ -2,25 +2,58 @@
 
 This machine has no CUDA and no nsys, so ``torch.cuda.cudart()``, ``torch.cuda.synchronize``
 and ``torch.cuda.nvtx.range_push``/``range_pop`` are replaced by a double with the real names
-and signatures that records each call and, like nsys with ``--capture-range-end=repeat``,
-writes a report when a capture range ends.
+and signatures that records each call. Like nsys with ``--capture-range-end=repeat``, the double
+writes a report after a capture range ends: at once, or in chunks from a writer thread, each
+chunk when a test tells it to (between two looks of the tool's stop at the report folder).
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 import aprof
 from aprof.tools import make_tool
-from aprof.tools.nsys import nsys_command, ray_nsight_runtime_env, report_dir
+from aprof.tools import nsys as nsys_module
+from aprof.tools.nsys import is_report_of, nsys_command, ray_nsight_runtime_env, report_dir
 
 torch = pytest.importorskip("torch")
 
 MakeConfig = Callable[..., aprof.ProfilerConfig]
+PID = os.getpid()
+
+
+class ReportWriter:
+    """nsys's report writer as a thread: appends a chunk to a report each time it is told."""
+
+    def __init__(self) -> None:
+        self._orders: queue.Queue[tuple[Path, bytes] | None] = queue.Queue()
+        self._written: queue.Queue[Path] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="nsys-writer", daemon=True)
+        self._thread.start()
+
+    def write(self, path: Path, chunk: bytes) -> None:
+        """Tell the writer to append ``chunk`` to ``path``; return once it has."""
+        self._orders.put((path, chunk))
+        assert self._written.get(timeout=10) == path
+
+    def close(self) -> None:
+        self._orders.put(None)
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while (order := self._orders.get()) is not None:
+            path, chunk = order
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("ab") as f:
+                f.write(chunk)
+            self._written.put(path)
 
 
 class CudaProfilerDouble:
@@ -30,8 +63,12 @@ class CudaProfilerDouble:
         self.reports = reports
         self.calls: list[str] = []
         self.status = 0  # cudaError.success
-        self.write_report = True
-        self._ranges = 0
+        self.write_at_stop = True  # False: the test drives the writer
+        self.ranges = 0
+
+    def report(self, range_number: int, pid: int = PID) -> Path:
+        """The report nsys writes for a range (``-o worker_%p``, ranges numbered from 1)."""
+        return self.reports / f"worker_{pid}.{range_number}.nsys-rep"
 
     def cudart(self) -> CudaProfilerDouble:
         return self
@@ -42,10 +79,11 @@ class CudaProfilerDouble:
 
     def cudaProfilerStop(self) -> int:
         self.calls.append("cudaProfilerStop")
-        if self.write_report and self.status == 0:
-            self._ranges += 1
-            self.reports.mkdir(parents=True, exist_ok=True)
-            (self.reports / f"worker_4242.{self._ranges}.nsys-rep").write_bytes(b"report")
+        if self.status == 0:
+            self.ranges += 1
+            if self.write_at_stop:
+                self.reports.mkdir(parents=True, exist_ok=True)
+                self.report(self.ranges).write_bytes(b"report")
         return self.status
 
     def synchronize(self, device: object = None) -> None:
@@ -56,6 +94,24 @@ class CudaProfilerDouble:
 
     def range_pop(self) -> None:
         self.calls.append("range_pop")
+
+
+class Looks:
+    """Stands in for the pause between two looks of the tool at the report folder.
+
+    Each pause runs the next queued action (telling the writer to write a chunk, say); with
+    none left it returns at once. ``count`` is the number of pauses so far.
+    """
+
+    def __init__(self) -> None:
+        self.actions: list[Callable[[], None]] = []
+        self.count = 0
+
+    def __call__(self, seconds: float) -> None:
+        assert 0 < seconds <= nsys_module.POLL_S
+        self.count += 1
+        if self.actions:
+            self.actions.pop(0)()
 
 
 @pytest.fixture
@@ -73,6 +129,27 @@ def double(monkeypatch: pytest.MonkeyPatch, reports: Path) -> CudaProfilerDouble
     monkeypatch.setattr(torch.cuda.nvtx, "range_push", fake.range_push)
     monkeypatch.setattr(torch.cuda.nvtx, "range_pop", fake.range_pop)
     return fake
+
+
+@pytest.fixture(autouse=True)
+def looks(monkeypatch: pytest.MonkeyPatch) -> Looks:
+    gate = Looks()
+    monkeypatch.setattr(nsys_module, "_pause", gate)
+    return gate
+
+
+@pytest.fixture
+def writer() -> Iterator[ReportWriter]:
+    thread = ReportWriter()
+    yield thread
+    thread.close()
+
+
+def nsys_config(make_config: MakeConfig, reports: Path, **nsys: object) -> aprof.ProfilerConfig:
+    return make_config(
+        global_profiler={"tool": "nsys"},
+        tool_config={"nsys": {"output_dir": str(reports), **nsys}},
+    )
 
 
 def test_double_mirrors_the_real_signatures() -> None:
@@ -94,14 +171,11 @@ def test_double_capture_range_with_nvtx_stages_lists_new_reports(
 ) -> None:
     reports.mkdir()
     (reports / "older.nsys-rep").write_bytes(b"from an earlier run")
-    cfg = make_config(
-        global_profiler={"tool": "nsys"}, tool_config={"nsys": {"output_dir": str(reports)}}
-    )
-    tool = make_tool(cfg)
+    tool = make_tool(nsys_config(make_config, reports))
     tool.start(tmp_path / "step_1", "actor_step1")
     with tool.stage("update_actor"), tool.stage("update_actor/forward"):
         pass
-    assert tool.stop() == [reports / "worker_4242.1.nsys-rep"]
+    assert tool.stop() == [double.report(1)]
     assert tool.note is None
     assert double.calls == [
         "cudaProfilerStart",
@@ -114,7 +188,109 @@ def test_double_capture_range_with_nvtx_stages_lists_new_reports(
     ]
 
     tool.start(tmp_path / "step_2", "actor_step2")
-    assert tool.stop() == [reports / "worker_4242.2.nsys-rep"]
+    assert tool.stop() == [double.report(2)]
+
+
+def test_double_stop_waits_until_the_report_is_written_and_stops_growing(
+    double: CudaProfilerDouble,
+    reports: Path,
+    make_config: MakeConfig,
+    tmp_path: Path,
+    looks: Looks,
+    writer: ReportWriter,
+) -> None:
+    """nsys writes the report after the range ends: stop lists it only once it is whole."""
+    double.write_at_stop = False
+    report = double.report(1)
+    looks.actions = [
+        lambda: None,  # the first look finds nothing yet
+        lambda: writer.write(report, b"a" * 100),
+        lambda: writer.write(report, b"b" * 50),  # still growing at the next look
+        lambda: writer.write(report, b"c" * 25),
+    ]
+    tool = make_tool(nsys_config(make_config, reports))
+    tool.start(tmp_path, "actor_step1")
+    assert tool.stop() == [report]
+    assert report.stat().st_size == 175  # every chunk was in before stop returned
+    assert looks.count == 5  # the last look saw the same size as the one before
+    assert tool.note is None
+
+
+def test_double_stop_lists_only_this_process_reports(
+    double: CudaProfilerDouble,
+    reports: Path,
+    make_config: MakeConfig,
+    tmp_path: Path,
+    looks: Looks,
+    writer: ReportWriter,
+) -> None:
+    """Ranks sharing a report folder: another pid's report is neither listed nor waited for."""
+    double.write_at_stop = False
+    other = double.report(1, pid=PID + 1)
+    mine = double.report(1)
+    looks.actions = [
+        lambda: writer.write(other, b"another rank's report"),
+        lambda: None,  # only the other report is there: keep looking
+        lambda: writer.write(mine, b"this rank's report"),
+    ]
+    tool = make_tool(nsys_config(make_config, reports))
+    tool.start(tmp_path, "actor_step1")
+    assert tool.stop() == [mine]
+    assert looks.count == 4
+
+
+@pytest.mark.parametrize(
+    ("name", "ours"),
+    [
+        (f"worker_{PID}.nsys-rep", True),
+        (f"worker_{PID}.3.nsys-rep", True),
+        (f"actor_2_{PID}.nsys-rep", True),
+        (f"worker_{PID + 1}.1.nsys-rep", False),
+        (f"worker_1{PID}.nsys-rep", False),
+        ("report.nsys-rep", True),  # -o without %p: one process per folder
+        ("report.12.nsys-rep", True),
+    ],
+)
+def test_report_names_are_matched_to_the_process(name: str, ours: bool) -> None:
+    assert PID >= 100  # a process id long enough to tell from a range number
+    assert is_report_of(name, PID) is ours
+
+
+def test_double_report_not_written_within_finalize_s_is_noted(
+    double: CudaProfilerDouble, reports: Path, make_config: MakeConfig, tmp_path: Path
+) -> None:
+    double.write_at_stop = False
+    tool = make_tool(nsys_config(make_config, reports, finalize_s=0.05))
+    tool.start(tmp_path, "s")
+    assert tool.stop() == []
+    assert tool.note == (
+        f"nsys report not finalised within finalize_s (0.05 s): no report appeared in {reports}"
+    )
+
+
+def test_double_report_still_growing_at_finalize_s_is_listed_and_noted(
+    double: CudaProfilerDouble,
+    reports: Path,
+    make_config: MakeConfig,
+    tmp_path: Path,
+    looks: Looks,
+    writer: ReportWriter,
+) -> None:
+    double.write_at_stop = False
+    report = double.report(1)
+
+    def grow() -> None:
+        writer.write(report, b"x")
+        looks.actions.append(grow)  # every pause writes more: the size never holds still
+
+    looks.actions = [grow]
+    tool = make_tool(nsys_config(make_config, reports, finalize_s=0.05))
+    tool.start(tmp_path, "s")
+    assert tool.stop() == [report]
+    assert tool.note == (
+        f"nsys report not finalised within finalize_s (0.05 s): the report was still growing "
+        f"in {reports}"
+    )
 
 
 def test_double_stage_range_is_popped_when_the_stage_raises(
@@ -124,19 +300,6 @@ def test_double_stage_range_is_popped_when_the_stage_raises(
     with pytest.raises(ValueError, match="boom"), tool.stage("update_actor"):
         raise ValueError("boom")
     assert double.calls == ["range_push update_actor", "range_pop"]
-
-
-def test_double_report_not_written_yet_is_noted(
-    double: CudaProfilerDouble, make_config: MakeConfig, tmp_path: Path
-) -> None:
-    double.write_report = False
-    cfg = make_config(global_profiler={"tool": "nsys"})
-    tool = make_tool(cfg)
-    tool.start(tmp_path, "s")
-    assert tool.stop() == []
-    assert tool.note == (
-        f"no new report in {report_dir(cfg)} yet: nsys writes it at range end or exit"
-    )
 
 
 def test_double_cuda_error_fails_the_call(

@@ -132,3 +132,32 @@ def test_a_second_capture_in_the_process_is_refused(tmp_path: Path) -> None:
     assert [f.name for f in files] == ["first.pt.trace.json.gz"]
     second.start(tmp_path, "second")
     assert [f.name for f in second.stop()] == ["second.pt.trace.json.gz"]
+
+
+def test_scheduled_capture_writes_each_cycle_and_notes_a_lost_one(
+    tmp_path: Path, make_config: MakeConfig
+) -> None:
+    schedule = {"warmup": 1, "active": 1, "repeat": 3}
+    cfg = make_config(tool_config={"torch": {"contents": ["cpu"], "schedule": schedule}})
+    tool = make_tool(cfg)
+    tool.start(tmp_path, "s", scheduled=True)
+    # A folder where the second cycle's trace should go: its export fails, the others do not.
+    (tmp_path / "s-mb3-3.pt.trace.json.gz").mkdir()
+    for i in range(6):
+        with torch.profiler.record_function(f"mini_batch{i}"):
+            torch.ones(3, 3) @ torch.ones(3, 3)
+        tool.step()
+    files = tool.stop()
+    assert [f.name for f in files] == ["s-mb1-1.pt.trace.json.gz", "s-mb5-5.pt.trace.json.gz"]
+    with gzip.open(files[1], "rt") as f:
+        names = {e.get("name") for e in json.load(f)["traceEvents"]}
+    assert "mini_batch5" in names and "mini_batch4" not in names
+    assert tool.note is not None
+    assert tool.note.startswith("mini-batches 3-3 not written: ")
+
+
+def test_unscheduled_start_ignores_the_schedule(tmp_path: Path, make_config: MakeConfig) -> None:
+    cfg = make_config(tool_config={"torch": {"contents": ["cpu"], "schedule": {"active": 1}}})
+    events = capture(make_tool(cfg), tmp_path)  # capture() calls step() once: nothing to advance
+    assert [p.name for p in tmp_path.iterdir()] == ["actor_step1.pt.trace.json.gz"]
+    assert not any(str(e.get("name", "")).startswith("ProfilerStep#") for e in events)

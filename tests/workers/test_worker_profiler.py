@@ -25,15 +25,18 @@ class RecordingTool:
     name = "recording"
     note: str | None = None
 
-    def __init__(self, fail_start: bool = False, fail_stop: bool = False) -> None:
+    def __init__(
+        self, fail_start: bool = False, fail_stop: bool = False, fail_step: bool = False
+    ) -> None:
         self.fail_start = fail_start
         self.fail_stop = fail_stop
+        self.fail_step = fail_step
         self.calls: list[str] = []
         self._stages: list[str] = []
         self._path: Path | None = None
 
-    def start(self, dir: Path, stem: str) -> None:
-        self.calls.append(f"start {stem}")
+    def start(self, dir: Path, stem: str, *, scheduled: bool = False) -> None:
+        self.calls.append(f"start {stem}" + (" scheduled" if scheduled else ""))
         if self.fail_start:
             raise RuntimeError("profiler already running")
         self._path, self._stages = dir / f"{stem}.rec.json", []
@@ -54,6 +57,8 @@ class RecordingTool:
 
     def step(self) -> None:
         self.calls.append("step")
+        if self.fail_step:
+            raise RuntimeError("schedule broke")
 
 
 def roles(**per_role: dict[str, Any]) -> dict[str, Any]:
@@ -374,3 +379,75 @@ def test_a_stage_run_twice_in_a_step_keeps_both_traces(make_config: MakeConfig) 
         "update_actor-step2-rank0.rec.json",
         "update_actor-call2-step2-rank0.rec.json",
     ]
+
+
+SCHEDULE = {"torch": {"schedule": {"active": 1}}}
+
+
+def test_step_reaches_only_scheduled_captures(make_config: MakeConfig) -> None:
+    cfg = make_config(roles={"actor": {"discrete": True}}, tool_config=SCHEDULE)
+    tool = RecordingTool()
+    wp = WorkerProfiler(cfg, role="actor", rank=0, tool=tool)
+    wp.step()  # outside a step
+    with wp.global_step(1):
+        wp.step()  # between stages
+        with wp.stage("compute_log_prob"):
+            wp.step()
+        with wp.stage("update_actor"):
+            wp.step()
+            wp.step()
+        wp.step()
+    assert tool.calls == [
+        "start compute_log_prob-step1-rank0",
+        "stage compute_log_prob",
+        "stop",
+        "start update_actor-step1-rank0 scheduled",
+        "stage update_actor",
+        "step",
+        "step",
+        "stop",
+    ]
+
+
+def test_step_on_an_unselected_rank_does_nothing(make_config: MakeConfig) -> None:
+    cfg = make_config(roles={"actor": {}}, tool_config=SCHEDULE)
+    tool = RecordingTool()
+    wp = WorkerProfiler(cfg, role="actor", rank=1, world_size=2, tool=tool)
+    with wp.global_step(1):
+        wp.step()
+    assert tool.calls == []
+
+
+def test_e2e_capture_is_scheduled_whatever_the_stages(make_config: MakeConfig) -> None:
+    schedule = {"torch": {"schedule": {"active": 1, "stages": ["other"]}}}
+    cfg = make_config(roles={"actor": {}}, tool_config=schedule)
+    tool = RecordingTool()
+    wp = WorkerProfiler(cfg, role="actor", rank=0, tool=tool)
+    with wp.global_step(1):
+        wp.step()
+    assert tool.calls == ["start actor-step1-rank0 scheduled", "step", "stop"]
+
+
+def test_a_failing_step_fails_the_capture_but_still_stops_it(make_config: MakeConfig) -> None:
+    cfg = make_config(roles={"actor": {}}, tool_config=SCHEDULE)
+    tool = RecordingTool(fail_step=True)
+    wp = WorkerProfiler(cfg, role="actor", rank=0, tool=tool)
+    with wp.global_step(1):
+        wp.step()
+        wp.step()  # the schedule is not advanced after a failure
+    assert tool.calls == ["start actor-step1-rank0 scheduled", "step", "stop"]
+    (capture,) = wp.captures
+    assert (capture.state, capture.error) == ("failed", "step failed: RuntimeError: schedule broke")
+    assert [Path(f.path).name for f in capture.files] == ["actor-step1-rank0.rec.json"]
+
+
+def test_schedules_of_tools_other_than_the_configured_one_are_not_used(
+    make_config: MakeConfig,
+) -> None:
+    """tool npu: the torch block's schedule is not the capture's."""
+    cfg = make_config(global_profiler={"tool": "npu"}, roles={"actor": {}}, tool_config=SCHEDULE)
+    tool = RecordingTool()
+    wp = WorkerProfiler(cfg, role="actor", rank=0, tool=tool)
+    with wp.global_step(1):
+        wp.step()
+    assert tool.calls == ["start actor-step1-rank0", "stop"]

@@ -1,0 +1,253 @@
+"""``LLMClient``: completions from a fleet of replicas over HTTP, each request through aprof."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import structlog
+
+from agentloop import _dialects
+from agentloop._balancer import ReplicaBalancer
+from agentloop._dialects import Answer, Api, BadAnswer
+from agentloop._errors import LLMError
+from agentloop._sse import SSEDecoder
+
+if TYPE_CHECKING:
+    import aprof
+
+_BODY_SHOWN = 300
+"""Characters of an error body kept in an LLMError (servers may answer with whole pages)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One generated completion and what aprof knew about its request."""
+
+    text: str
+    """The generated text."""
+    finish_reason: str | None
+    """Why generation ended (``length``, ``stop``, ...), as the server says."""
+    prompt_tokens: int | None
+    """Prompt tokens, as the server counts them."""
+    completion_tokens: int | None
+    """Generated tokens, as the server counts them."""
+    replica: int
+    """The replica that generated it."""
+    request_id: str | None
+    """The caller's identifier of the request."""
+    step: int | None
+    """The global step the request was admitted in (``None`` without a profiler or outside
+    any step); a request that finishes in a later step still belongs to this one."""
+    gated: bool
+    """The request waited for its replica's capture to start."""
+    captured: bool
+    """A capture of its replica was active when the request went ahead."""
+    failed_over_from: tuple[int, ...] = ()
+    """Replicas that refused the connection before this one took the request."""
+
+
+class LLMClient:
+    """Completions from a fleet of replicas (index ``i`` = ``replicas[i]``), one aiohttp session.
+
+    Use as ``async with LLMClient(urls, prof=prof) as llm:``. Each request goes to the replica
+    the :class:`ReplicaBalancer` picks, inside ``prof.request(replica=..., request_id=...)``
+    (gated while that replica's capture starts, counted, recorded); with ``prof=None`` nothing
+    is profiled. ``api`` is ``"openai"`` (``/v1/completions``) or ``"sglang"`` (``/generate``).
+    A request is sent once: only a connection that could not be made (nothing sent) is tried
+    on another replica, each at most once. ``timeout_s`` bounds each request from the moment
+    aprof admits it to the last byte of the answer; ``connect_timeout_s`` bounds connecting.
+    """
+
+    def __init__(
+        self,
+        replicas: Sequence[str],
+        *,
+        api: Api = "openai",
+        model: str | None = None,
+        prof: aprof.Profiler | None = None,
+        api_key: str | None = None,
+        stream: bool = False,
+        timeout_s: float = 300.0,
+        connect_timeout_s: float = 5.0,
+        avoid_s: float = 30.0,
+    ) -> None:
+        if isinstance(replicas, str) or not replicas:
+            raise ValueError("replicas must be a non-empty list of base URLs")
+        for url in replicas:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"a replica URL starts with http:// or https://, got {url!r}")
+        if api not in ("openai", "sglang"):
+            raise ValueError(f"api must be 'openai' or 'sglang', got {api!r}")
+        for name, value in (("timeout_s", timeout_s), ("connect_timeout_s", connect_timeout_s)):
+            if not 0 < value < math.inf:
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        self.urls = tuple(url.rstrip("/") for url in replicas)
+        """The base URL of each replica."""
+        self.api: Api = api
+        """The completion API the replicas are spoken to in."""
+        self.prof = prof
+        """The profiler every request reports to, if any."""
+        self.balancer = ReplicaBalancer(len(self.urls), avoid_s=avoid_s)
+        """Picks the replica of each request."""
+        self._model = model
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._stream = stream
+        self._timeout_s = timeout_s
+        self._connect_timeout_s = connect_timeout_s
+        self._session: aiohttp.ClientSession | None = None
+        self._log = structlog.get_logger("agentloop").bind(api=api)
+
+    async def __aenter__(self) -> LLMClient:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def open(self) -> None:
+        """Create the HTTP session (idempotent)."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                headers=self._headers,
+                # The runner bounds concurrency; a pool limit would only queue requests
+                # inside the per-request timeout.
+                connector=aiohttp.TCPConnector(limit=0),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout_s),
+            )
+
+    async def aclose(self) -> None:
+        """Close the HTTP session (idempotent)."""
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    async def generate(
+        self,
+        prompt: str,
+        *,
+        max_tokens: int,
+        temperature: float | None = None,
+        stop: Sequence[str] = (),
+        prefer: int | None = None,
+        request_id: str | None = None,
+    ) -> Completion:
+        """Complete ``prompt``, on replica ``prefer`` while it is up (else the least busy one).
+
+        Raises :class:`LLMError` when the request fails, ``RuntimeError`` before :meth:`open`.
+        """
+        if self._session is None:
+            raise RuntimeError("open the LLMClient first: `async with LLMClient(...) as llm:`")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        payload = _dialects.body(
+            self.api,
+            prompt,
+            model=self._model,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            stop=stop,
+            stream=self._stream,
+        )
+        refused: list[int] = []
+        while True:
+            replica = self.balancer.acquire(prefer=prefer, exclude=refused)
+            assert replica is not None  # some replica has not refused yet
+            try:
+                return await self._attempt(replica, payload, request_id, tuple(refused))
+            except LLMError as exc:
+                self._log.warning(
+                    "completion request failed", request_id=request_id, error=str(exc)
+                )
+                if exc.kind in ("connect", "disconnected"):
+                    self.balancer.failed(replica)
+                refused.append(replica)
+                if exc.kind != "connect" or len(refused) == len(self.urls):
+                    raise
+            finally:
+                self.balancer.release(replica)
+
+    async def _attempt(
+        self,
+        replica: int,
+        payload: dict[str, Any],
+        request_id: str | None,
+        refused: tuple[int, ...],
+    ) -> Completion:
+        if self.prof is None:
+            answer = await self._send(replica, payload, request_id)
+            step, gated, captured = None, False, False
+        else:
+            async with self.prof.request(replica=replica, request_id=request_id) as req:
+                answer = await self._send(replica, payload, request_id)
+                req.forward(tokens=answer.completion_tokens or 0)
+            step, gated, captured = req.step, req.gated, req.captured
+        self.balancer.succeeded(replica)
+        return Completion(
+            text=answer.text,
+            finish_reason=answer.finish_reason,
+            prompt_tokens=answer.prompt_tokens,
+            completion_tokens=answer.completion_tokens,
+            replica=replica,
+            request_id=request_id,
+            step=step,
+            gated=gated,
+            captured=captured,
+            failed_over_from=refused,
+        )
+
+    async def _send(self, replica: int, payload: dict[str, Any], request_id: str | None) -> Answer:
+        """One HTTP exchange with ``replica``; every failure becomes an :class:`LLMError`."""
+        assert self._session is not None
+        url = self.urls[replica] + _dialects.path(self.api)
+        headers = {"X-Request-Id": request_id} if request_id else None
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                async with self._session.post(url, json=payload, headers=headers) as resp:
+                    if not 200 <= resp.status < 300:
+                        text = " ".join((await resp.text(errors="replace")).split())
+                        raise LLMError(
+                            replica,
+                            url,
+                            "status",
+                            text[:_BODY_SHOWN] or resp.reason or "",
+                            resp.status,
+                        )
+                    if self._stream:
+                        return await self._read_stream(resp)
+                    return _dialects.read_whole(self.api, await resp.json(content_type=None))
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            # Raised while connecting, before any byte of the request was written.
+            raise LLMError(replica, url, "connect", _describe(exc)) from exc
+        except TimeoutError as exc:
+            cause = f"no complete answer within {self._timeout_s:g} s"
+            raise LLMError(replica, url, "timeout", cause) from exc
+        except aiohttp.ClientError as exc:
+            raise LLMError(replica, url, "disconnected", _describe(exc)) from exc
+        except ValueError as exc:  # BadAnswer, and JSON or UTF-8 that does not decode
+            raise LLMError(replica, url, "response", str(exc)) from exc
+
+    async def _read_stream(self, resp: aiohttp.ClientResponse) -> Answer:
+        answer = Answer()
+        decoder = SSEDecoder()
+        async for chunk in resp.content.iter_any():
+            for data in decoder.feed(chunk):
+                if data == _dialects.DONE:
+                    return answer
+                _dialects.read_chunk(self.api, answer, json.loads(data))
+        raise BadAnswer(f"the stream ended without {_dialects.DONE}")
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

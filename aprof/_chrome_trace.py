@@ -1,0 +1,317 @@
+"""Timeline tuples as a Chrome trace JSON file (gzip) that Perfetto opens, rewritten whole.
+
+The file is one gzip stream. Each write compresses only the new events (a sync flush keeps the
+compressed prefix byte-aligned), copies the previous file minus its old ending, appends the new
+events and a fresh ending, and renames the result over the file: a reader, or a run killed at
+any moment, sees the last complete file.
+
+Concurrent spans are nestable async slices (``b``/``e``) with one ``id2.local`` per span, unique
+in the file: Perfetto puts async slices on one track per (process, name of the slice), so each
+replica's requests, each target's captures and each span name get their own track. Steps never
+overlap, so they are ``X`` slices on the event-loop thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import threading
+import time
+import zlib
+from collections.abc import Iterator
+from json.encoder import encode_basestring_ascii as _quote
+from pathlib import Path
+from typing import Any
+
+from aprof._manifest import Clock
+
+Event = tuple[Any, ...]
+"""One recorded span, step or window; its first item is one of the kinds below."""
+
+SPAN = 0
+"""``(SPAN, name, begin_ns, end_ns, step, attrs, note)``: a ``prof.span``."""
+REQUEST = 1
+"""``(REQUEST, begin_ns, end_ns, replica, request_id, step, gated, captured, tokens, note)``."""
+STEP = 2
+"""``(STEP, begin_ns, end_ns, n, selected)``: one global step."""
+WINDOW = 3
+"""``(WINDOW, target, kind, step, marks, end_ns, state, stop_reason, enforced_by, error, note)``;
+``marks`` holds ``(phase, begin_ns)`` for each of starting, active, stopping it went through."""
+
+_LEVEL = 1  # zlib: the timeline is written while the run goes on, so speed over ratio
+_CHUNK = 500  # events serialized per piece: about a millisecond of holding the GIL
+_PAUSE_S = 0.0002
+"""Sleep between pieces. Releasing the GIL for a moment hands it to the event loop's thread
+if that waits for it; without the pause the loop could wait a whole switch interval (5 ms)."""
+_TF = ("false", "true")
+
+
+class ChromeTraceWriter:
+    """Writes timeline events to ``path``; one instance per file, used from one thread."""
+
+    def __init__(self, path: Path, *, process: str, clock: Clock) -> None:
+        self.path = path
+        self.bytes = 0
+        """Size of the file as last written."""
+        self._process = process
+        self._clock = clock
+        self._pid = os.getpid()
+        self._tid = threading.get_native_id()
+        self._zip: Any = None  # zlib's compressor type is not importable for annotations
+        self._tail = 0
+        self._id = itertools.count(1).__next__
+        self._base = clock.monotonic_ns
+        self._where = f'"pid":{self._pid},"tid":{self._tid}'
+        self._names: dict[str, str] = {}
+        self._keys: dict[str, str] = {}
+        # One %-template per pair of begin and end events, for the hot loop in _pieces.
+        async_event = ',\n{"ph":"%s","cat":"%s","name":%s,"id2":{"local":"0x%%x"},' + self._where
+        self._span_pair = (
+            async_event % ("b", "span", "%s")
+            + ',"ts":%.3f,"args":{%s}}'
+            + async_event % ("e", "span", "%s")
+            + ',"ts":%.3f}'
+        )
+        request = '"request replica_%d"'
+        self._request_pair = (
+            async_event % ("b", "request", request)
+            + ',"ts":%.3f,"args":{"request_id":%s,"step":%s,"replica":%d,'
+            + '"gated":%s,"captured":%s%s}}'
+            + async_event % ("e", "request", request)
+            + ',"ts":%.3f}'
+        )
+        self.events = 0
+        """Events in the file as last written."""
+
+    def write(self, events: list[Event], dropped: int) -> int:
+        """Add ``events`` to the file and rewrite it whole; returns the file's size.
+
+        Empties ``events``, piece by piece: freeing a whole step's tuples at once would hold
+        the GIL, and stall the event loop, for milliseconds.
+        """
+        count = self.events + len(events)
+        first = self._zip is None
+        # Compress into a copy: a failed write must leave the stream as the file has it.
+        stream = zlib.compressobj(_LEVEL, zlib.DEFLATED, 31) if first else self._zip.copy()
+        body: list[bytes] = []
+        if first:  # 31 above: the gzip container
+            body.append(stream.compress(self._head().encode()))
+        for piece in self._pieces(events):
+            body.append(stream.compress(piece.encode()))
+            time.sleep(_PAUSE_S)
+        body.append(stream.flush(zlib.Z_SYNC_FLUSH))
+        ending = stream.copy()
+        tail = ending.compress(self._foot(count, dropped).encode()) + ending.flush(zlib.Z_FINISH)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as out:
+            if first:
+                _keep_previous(self.path)
+            else:
+                _copy_prefix(self.path, out, self.bytes - self._tail)
+            for part in body:
+                out.write(part)
+            out.write(tail)
+        os.replace(tmp, self.path)
+        self._zip = stream
+        self.bytes = self.bytes - self._tail + sum(map(len, body)) + len(tail)
+        self._tail = len(tail)
+        self.events = count
+        return self.bytes
+
+    # -- file frame ---------------------------------------------------------------------------
+
+    def _head(self) -> str:
+        clock = self._clock
+        # displayTimeUnit and the other top-level keys first: Perfetto reads them only there.
+        head = (
+            f'{{"displayTimeUnit":"ns","baseTimeNanoseconds":{clock.wall_ns},'
+            f'"aprof":{{"process":{_quote(self._process)},"pid":{self._pid},'
+            f'"clock":{{"wall_ns":{clock.wall_ns},"monotonic_ns":{clock.monotonic_ns}}}}},'
+            '"traceEvents":[\n'
+        )
+        meta = [
+            ("process_name", 0, self._process),
+            ("thread_name", self._tid, "steps (event loop)"),
+        ]
+        return head + ",\n".join(
+            f'{{"ph":"M","name":"{kind}","pid":{self._pid},"tid":{tid},'
+            f'"args":{{"name":{_quote(name)}}}}}'
+            for kind, tid, name in meta
+        )
+
+    def _foot(self, events: int, dropped: int) -> str:
+        return (
+            f'\n],"aprofStats":{{"events":{events},"dropped_events":{dropped},'
+            f'"written_ns":{time.time_ns()}}}}}\n'
+        )
+
+    # -- events -------------------------------------------------------------------------------
+
+    def _pieces(self, events: list[Event]) -> Iterator[str]:
+        # The hot loop: spans and requests are formatted inline, with everything in locals.
+        events.reverse()  # then each piece comes off the end, in the recorded order
+        span_pair, request_pair, names, keys = (
+            self._span_pair,
+            self._request_pair,
+            self._names,
+            self._keys,
+        )
+        next_id, base, others = self._id, self._base, {STEP: self._step, WINDOW: self._window}
+        while events:
+            piece = events[-_CHUNK:]
+            del events[-_CHUNK:]
+            piece.reverse()
+            out: list[str] = []
+            add = out.append
+            for event in piece:
+                kind = event[0]
+                if kind == REQUEST:
+                    _, begin, end, replica, request_id, step, gated, captured, tokens, note = event
+                    extra = ""
+                    if tokens:
+                        extra = f',"tokens":{tokens}'
+                    if note is not None:
+                        extra += f',"note":{_quote(note)}'
+                    ident = next_id()
+                    add(
+                        request_pair
+                        % (
+                            replica,
+                            ident,
+                            (begin - base) / 1000,
+                            _scalar(request_id),
+                            "null" if step is None else step,
+                            replica,
+                            _TF[gated],
+                            _TF[captured],
+                            extra,
+                            replica,
+                            ident,
+                            (end - base) / 1000,
+                        )
+                    )
+                elif kind == SPAN:
+                    _, name, begin, end, step, attrs, note = event
+                    quoted = names.get(name)
+                    if quoted is None:
+                        quoted = names[name] = _quote(name)
+                    args = []
+                    for key, value in attrs.items():
+                        prefix = keys.get(key)
+                        if prefix is None:
+                            prefix = keys[key] = _quote(key) + ":"
+                        args.append(prefix + _scalar(value))
+                    if "step" not in attrs:
+                        args.append(f'"step":{"null" if step is None else step}')
+                    if note is not None:
+                        args.append(f'"note":{_quote(note)}')
+                    ident = next_id()
+                    add(
+                        span_pair
+                        % (
+                            quoted,
+                            ident,
+                            (begin - base) / 1000,
+                            ",".join(args),
+                            quoted,
+                            ident,
+                            (end - base) / 1000,
+                        )
+                    )
+                else:
+                    add(others[kind](event))
+            yield "".join(out)
+
+    def _us(self, ns: int) -> float:
+        # Microseconds since the clock anchor; with baseTimeNanoseconds that is wall time.
+        return (ns - self._base) / 1000
+
+    def _step(self, event: Event) -> str:
+        _, begin, end, n, selected = event
+        return (
+            f',\n{{"ph":"X","cat":"step","name":"step {n}",{self._where},'
+            f'"ts":{self._us(begin):.3f},"dur":{(end - begin) / 1000:.3f},'
+            f'"args":{{"step":{n},"profiled":{_TF[selected]}}}}}'
+        )
+
+    def _window(self, event: Event) -> str:
+        _, target, kind, step, marks, end, state, reason, enforced_by, error, note = event
+        args: dict[str, object] = {
+            "step": step,
+            "target": target,
+            "kind": kind,
+            "state": state,
+            "stop_reason": reason,
+            "enforced_by": enforced_by,
+        }
+        if error is not None:
+            args["error"] = error
+        if note is not None:
+            args["note"] = note
+        encoded = ",".join(f"{_quote(k)}:{_scalar(v)}" for k, v in args.items())
+        ident, name = self._id(), _quote(f"capture {target}")
+
+        def line(ph: str, label: str, ns: int, with_args: bool = False) -> str:
+            extra = f',"args":{{{encoded}}}' if with_args else ""
+            return (
+                f',\n{{"ph":"{ph}","cat":"capture","name":{label},'
+                f'"id2":{{"local":"0x{ident:x}"}},{self._where},"ts":{self._us(ns):.3f}{extra}}}'
+            )
+
+        if not marks:
+            # Never started (skipped, or failed before starting): one instant on its track.
+            return line("n", name, end, True)
+        lines = [line("b", name, marks[0][1], True)]
+        bounds = [ts for _, ts in marks[1:]] + [end]
+        for (phase, begin), until in zip(marks, bounds, strict=True):
+            lines.append(line("b", f'"{phase}"', begin))
+            lines.append(line("e", f'"{phase}"', until))
+        if reason == "auto_stop":
+            stopping = [ts for phase, ts in marks if phase == "stopping"]
+            lines.append(line("n", '"auto_stop"', stopping[0] if stopping else end, True))
+        if state in ("failed", "timeout"):
+            lines.append(line("n", f'"{state}"', end, True))
+        lines.append(line("e", name, end))
+        return "".join(lines)
+
+
+def _scalar(value: object) -> str:
+    """One span attribute as JSON; anything but str, int, float, bool or None as its str."""
+    if isinstance(value, str):
+        return _quote(value)
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return _TF[value]
+    if isinstance(value, int):
+        return int.__repr__(value)  # plain digits also for an IntEnum
+    if isinstance(value, float) and math.isfinite(value):
+        return float.__repr__(value)
+    return _quote(str(value))
+
+
+def _copy_prefix(path: Path, out: Any, size: int) -> None:
+    with open(path, "rb") as src:
+        left = size
+        while left > 0:
+            chunk = src.read(min(left, 1 << 20))
+            if not chunk:
+                raise OSError(f"{path} is shorter than the {size} bytes written to it")
+            out.write(chunk)
+            left -= len(chunk)
+
+
+def _keep_previous(path: Path) -> None:
+    """Move a timeline file of an earlier run aside instead of writing over it."""
+    if not path.exists():
+        return
+    stem = path.name.removesuffix(".trace.json.gz")
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
+    kept = path.with_name(f"{stem}.{stamp}.trace.json.gz")
+    for n in itertools.count(1):
+        if not kept.exists():
+            break
+        kept = path.with_name(f"{stem}.{stamp}-{n}.trace.json.gz")
+    os.replace(path, kept)

@@ -1,0 +1,228 @@
+"""The timeline recorder: spans as small tuples in a bounded buffer, written off the event loop.
+
+A span is recorded once, when it ends, as one tuple holding its begin and end (monotonic ns);
+the buffer holds at most ``buffer_events`` tuples between two flushes, and what does not fit is
+dropped and counted. Turning the tuples into Chrome trace JSON and gzip happens in one writer
+thread (``aprof/_chrome_trace.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Final
+
+from aprof._chrome_trace import SPAN, STEP, WINDOW, ChromeTraceWriter, Event
+from aprof._logging import logger
+from aprof._manifest import Clock
+
+if TYPE_CHECKING:
+    from aprof._manifest import WindowRecord
+    from aprof._request import Request
+
+AttrValue = str | int | float | bool | None
+
+OPEN_AT_CLOSE: Final = "open at close"
+"""The note of a span that was still open when the timeline closed."""
+
+now_ns = time.monotonic_ns
+"""The timeline's clock, the manifest's ``clock.monotonic_ns`` anchors it to wall time."""
+
+
+class Timeline:
+    """The spans of one process, buffered and written to ``<folder>/<process>.trace.json.gz``."""
+
+    def __init__(self, *, capacity: int, folder: Path, process: str, clock: Clock) -> None:
+        self.capacity = capacity
+        self.events: list[Event] = []
+        """Recorded since the last flush; never longer than ``capacity``."""
+        self.dropped = 0
+        """Events that did not fit into the buffer, over the whole run."""
+        self.open: set[Span | Request] = set()
+        """Spans and requests begun and not ended yet."""
+        self.closed = False
+        self.process = process
+        self.path = folder / f"{process}.trace.json.gz"
+        self._windows: dict[int, tuple[WindowRecord, list[tuple[str, int]]]] = {}
+        self._writer = ChromeTraceWriter(self.path, process=process, clock=clock)
+        self._executor: ThreadPoolExecutor | None = None
+
+    def add(self, event: Event) -> None:
+        """Keep ``event`` if the buffer has room, else count it as dropped."""
+        if len(self.events) < self.capacity:
+            self.events.append(event)
+        else:
+            self.dropped += 1
+
+    def step(self, n: int, selected: bool, begin_ns: int) -> None:
+        """Record global step ``n``, begun at ``begin_ns`` and ending now."""
+        self.add((STEP, begin_ns, now_ns(), n, selected))
+
+    def window(self, record: WindowRecord, event: str) -> None:
+        """Note a transition of ``record``'s window; a final one records the window."""
+        ts = now_ns()
+        if event in ("starting", "active", "stopping"):
+            self._windows.setdefault(id(record), (record, []))[1].append((event, ts))
+            return
+        _, marks = self._windows.pop(id(record), (record, []))
+        self._record_window(record, marks, ts, None)
+
+    def _record_window(
+        self, record: WindowRecord, marks: list[tuple[str, int]], end: int, note: str | None
+    ) -> None:
+        self.add(
+            (
+                WINDOW,
+                record.target,
+                record.kind,
+                record.step,
+                tuple(marks),
+                end,
+                record.state,
+                record.stop_reason,
+                record.forward_steps.enforced_by,
+                record.error,
+                note,
+            )
+        )
+
+    def flush(self) -> Future[int] | None:
+        """Hand what was recorded to the writer thread; returns the write, ``None`` if closed."""
+        if self.closed:
+            return None
+        events, self.events = self.events, []
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="aprof-timeline")
+        written = self._executor.submit(self._writer.write, events, self.dropped)
+        written.add_done_callback(_log_failure)
+        return written
+
+    async def write_now(self) -> None:
+        """Flush and wait for the write (its errors are logged, not raised)."""
+        written = self.flush()
+        if written is not None:
+            with contextlib.suppress(Exception):  # logged by _log_failure
+                await asyncio.wrap_future(written)
+
+    async def aclose(self) -> None:
+        """End what is still open (noting so), write the file a last time, stop the writer."""
+        if self.closed:
+            return
+        end = now_ns()
+        for item in list(self.open):
+            item.end_at_close(end)
+        for record, marks in self._windows.values():
+            self._record_window(record, marks, end, OPEN_AT_CLOSE)
+        self._windows.clear()
+        await self.write_now()
+        self.closed = True
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+
+    @property
+    def bytes(self) -> int:
+        """Size of the file as last written (0 before the first write)."""
+        return self._writer.bytes
+
+    @property
+    def events_in_file(self) -> int:
+        """Events in the file as last written."""
+        return self._writer.events
+
+
+def _log_failure(done: Future[int]) -> None:
+    exc = done.exception()
+    if exc is not None:
+        logger.warning("timeline write failed", error=repr(exc))
+
+
+class Span:
+    """``with prof.span(name, **attrs):`` or ``async with``: one timeline span."""
+
+    __slots__ = ("_attrs", "_begin", "_name", "_step", "_timeline")
+
+    def __init__(
+        self, timeline: Timeline, name: str, attrs: dict[str, AttrValue], step: int | None
+    ) -> None:
+        self._timeline = timeline
+        self._name = name
+        self._attrs = attrs
+        self._step = step
+        self._begin = 0
+
+    def __enter__(self) -> Span:
+        self._begin = now_ns()
+        self._timeline.open.add(self)
+        return self
+
+    async def __aenter__(self) -> Span:
+        self._begin = now_ns()
+        self._timeline.open.add(self)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._end(now_ns(), None if exc_type is None else exc_type.__name__)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._end(now_ns(), None if exc_type is None else exc_type.__name__)
+
+    def end_at_close(self, end: int) -> None:
+        """Record the span as ended at ``end`` because the timeline closes."""
+        self._end(end, OPEN_AT_CLOSE)
+
+    def _end(self, end: int, note: str | None) -> None:
+        timeline = self._timeline
+        try:
+            timeline.open.remove(self)
+        except KeyError:
+            return  # ended already, at close
+        events = timeline.events  # Timeline.add, inlined: spans end often
+        if len(events) < timeline.capacity:
+            events.append((SPAN, self._name, self._begin, end, self._step, self._attrs, note))
+        else:
+            timeline.dropped += 1
+
+
+class NullSpan:
+    """What ``prof.span`` returns while the timeline is off: does nothing."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> NullSpan:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        return None
+
+    async def __aenter__(self) -> NullSpan:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        return None
+
+
+NULL_SPAN = NullSpan()

@@ -1,0 +1,197 @@
+"""When and how the timeline file is written: complete after every write, also for a killed
+run; a full buffer drops and counts; off means no file; what is open at close is ended there;
+a failing write costs the timeline only."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import select
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from timeline_rules import check_trace, load_trace, timeline_file
+
+import aprof
+from aprof.testing import RecordingTarget
+
+MakeConfig = Callable[..., aprof.ProfilerConfig]
+
+
+def names(save_path: Path, cat: str = "span") -> list[str]:
+    """Names of the top-level slices of ``cat`` in the run's timeline, in begin order."""
+    roots = check_trace(load_trace(timeline_file(save_path)))
+    return [r.name for r in sorted(roots, key=lambda r: r.begin) if r.cat == cat]
+
+
+async def test_file_is_complete_after_a_mid_run_write_and_grows(make_config: MakeConfig) -> None:
+    """The file written at a step's end parses and holds that step while the run goes on;
+    the file at close holds it unchanged plus what came after."""
+    async with aprof.Profiler(make_config()) as prof:
+        async with prof.step(1):
+            for i in range(5):
+                with prof.span(f"first {i}"):
+                    pass
+        await prof.flush_timeline()
+        middle = load_trace(timeline_file(prof.save_path))
+        assert names(prof.save_path) == [f"first {i}" for i in range(5)]
+        on_disk = aprof.load_manifest(prof.save_path).timeline
+        assert [(e.path, e.events) for e in on_disk] == [
+            (f"timeline/driver-{os.getpid()}.trace.json.gz", 6)  # 5 spans and the step
+        ]
+        async with prof.step(2):
+            with prof.span("second"):
+                pass
+    final = load_trace(timeline_file(prof.save_path))
+    assert names(prof.save_path) == [f"first {i}" for i in range(5)] + ["second"]
+    assert final["traceEvents"][: len(middle["traceEvents"])] == middle["traceEvents"]
+    assert final["aprofStats"]["events"] == 8
+    assert not [p.name for p in (prof.save_path / "timeline").iterdir() if p.name.startswith(".")]
+
+
+DRIVER = """
+import asyncio, sys
+import aprof
+from aprof.testing import RecordingTarget
+
+async def main(save):
+    prof = aprof.Profiler({"global_profiler": {"save_path": save}, "log": {"level": "error"}})
+    async with prof:
+        async with prof.step(1):
+            for i in range(50):
+                async with prof.span("kept", i=i):
+                    pass
+        await prof.flush_timeline()
+        async with prof.step(2):
+            async with prof.span("open when killed"):
+                print("FLUSHED", flush=True)
+                await asyncio.Event().wait()
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_a_killed_run_keeps_its_last_written_timeline(tmp_path: Path) -> None:
+    """SIGKILL after a write: the file on disk is that write, complete and valid, and the
+    manifest lists it."""
+    script, save = tmp_path / "driver.py", tmp_path / "profile"
+    script.write_text(DRIVER)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(save)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        line = proc.stdout.readline() if ready else b""
+        assert line == b"FLUSHED\n", proc.stderr.read() if proc.poll() is not None else line
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        for stream in (proc.stdout, proc.stderr):
+            assert stream is not None
+            stream.close()
+    assert names(save) == ["kept"] * 50
+    [entry] = aprof.load_manifest(save).timeline
+    assert entry.events == 51 and entry.bytes == timeline_file(save).stat().st_size
+
+
+async def test_a_full_buffer_drops_and_counts_until_the_next_write(
+    make_config: MakeConfig,
+) -> None:
+    """With room for 5 events between writes, 12 spans keep 5 and count 7 dropped; after a
+    write the buffer takes events again; file and manifest both say how many were dropped."""
+    async with aprof.Profiler(make_config(timeline={"buffer_events": 5})) as prof:
+        for i in range(12):
+            with prof.span(f"s{i}"):
+                pass
+        await prof.flush_timeline()
+        async with prof.span("after the write"):
+            pass
+    assert names(prof.save_path) == [f"s{i}" for i in range(5)] + ["after the write"]
+    assert load_trace(timeline_file(prof.save_path))["aprofStats"] | {"written_ns": 0} == {
+        "events": 6,
+        "dropped_events": 7,
+        "written_ns": 0,
+    }
+    [entry] = aprof.load_manifest(prof.save_path).timeline
+    assert (entry.events, entry.dropped) == (6, 7)
+
+
+async def test_timeline_off_writes_nothing(make_config: MakeConfig) -> None:
+    """``timeline.enable: false``: spans and requests still work, no file, no manifest entry."""
+    async with aprof.Profiler(make_config(timeline={"enable": False})) as prof:
+        async with prof.step(1), prof.span("turn", i=1) as span, prof.request(replica=0) as req:
+            with prof.span("tool_call"):
+                pass
+        await prof.flush_timeline()
+    assert span is not None and req.step == 1
+    assert not (prof.save_path / "timeline").exists()
+    assert aprof.load_manifest(prof.save_path).timeline == []
+
+
+async def test_spans_open_at_close_are_ended_there_and_say_so(make_config: MakeConfig) -> None:
+    """A span and a request still open when the profiler closes end at the close with a
+    note; ending them later adds nothing."""
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def stuck() -> None:
+        async with prof.span("turn"), prof.request(replica=0, request_id="late"):
+            entered.set()
+            await release.wait()
+        with prof.span("after close"):
+            pass
+
+    async with aprof.Profiler(make_config()) as prof, prof.step(1):
+        task = asyncio.create_task(stuck())
+        async with asyncio.timeout(10):
+            await entered.wait()
+    release.set()
+    async with asyncio.timeout(10):
+        await task
+    roots = check_trace(load_trace(timeline_file(prof.save_path)))
+    notes = {(r.cat, r.name): r.args.get("note") for r in roots}
+    assert notes == {
+        ("span", "turn"): "open at close",
+        ("request", "request replica_0"): "open at close",
+    }
+
+
+async def test_a_failing_write_costs_the_timeline_only(
+    make_config: MakeConfig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """When ``timeline/`` cannot be created the write fails, is logged, and the run, its
+    windows and its manifest go on."""
+    cfg = make_config()
+    cfg.global_profiler.save_path.mkdir(parents=True)
+    (cfg.global_profiler.save_path / "timeline").write_text("a file in the way")
+    async with aprof.Profiler(cfg) as prof:
+        prof.add_target(RecordingTarget("replica_0", replica=0))
+        async with prof.step(1), prof.request(replica=0) as req, prof.span("turn"):
+            assert req.captured
+        await prof.flush_timeline()
+    assert "timeline write failed" in capsys.readouterr().err
+    manifest = aprof.load_manifest(prof.save_path)
+    assert [w.state for w in manifest.windows] == ["done"]
+    assert manifest.timeline == []
+
+
+async def test_an_earlier_runs_timeline_is_kept(make_config: MakeConfig) -> None:
+    """A second run with the same process name moves the first run's file aside."""
+    for run in ("first", "second"):
+        async with aprof.Profiler(make_config(timeline={"process": "trainer"})) as prof:
+            with prof.span(run):
+                pass
+    folder = prof.save_path / "timeline"
+    files = sorted(folder.iterdir(), key=lambda p: p.name != "trainer.trace.json.gz")
+    assert [p.name.startswith("trainer.") for p in files] == [True, True]
+    assert [[e["name"] for e in load_trace(p)["traceEvents"] if e["ph"] == "b"] for p in files] == [
+        ["second"],
+        ["first"],
+    ]

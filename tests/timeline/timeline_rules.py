@@ -1,0 +1,118 @@
+"""Read a timeline file back and check the Chrome trace rules Perfetto relies on.
+
+Perfetto sorts events by ``ts``, ties kept in file order; async slices pair by process and
+``id2.local``; ``X`` slices must not overlap on one thread. ``check_trace`` replays the events
+that way and returns every async slice with its nested slices and instants.
+"""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Slice:
+    """One async slice: its begin event's fields, its end, what nests inside."""
+
+    name: str
+    cat: str
+    key: tuple[int, str]
+    begin: float
+    end: float = float("nan")
+    args: dict[str, Any] = field(default_factory=dict)
+    children: list[Slice] = field(default_factory=list)
+    instants: list[dict[str, Any]] = field(default_factory=list)
+
+
+def load_trace(path: Path) -> dict[str, Any]:
+    """The parsed file; it must be one complete gzip stream of JSON."""
+    data = json.loads(gzip.decompress(path.read_bytes()))
+    assert isinstance(data, dict)
+    return data
+
+
+def check_trace(data: dict[str, Any]) -> list[Slice]:
+    """Assert the format rules; returns the top-level async slices (instants without a
+    slice around them come back as zero-length slices)."""
+    keys = list(data)
+    assert keys[0] == "displayTimeUnit", keys
+    assert keys.index("baseTimeNanoseconds") < keys.index("traceEvents")
+    assert keys.index("aprof") < keys.index("traceEvents")
+    events = data["traceEvents"]
+    assert any(e["ph"] == "M" and e["name"] == "process_name" for e in events)
+    ordered = sorted(enumerate(events), key=lambda pair: (pair[1].get("ts", -1.0), pair[0]))
+    stacks: dict[tuple[int, str], list[Slice]] = defaultdict(list)
+    roots: list[Slice] = []
+    by_thread: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
+    for _, event in ordered:
+        ph = event["ph"]
+        if ph == "M":
+            continue
+        if ph == "X":
+            by_thread[(event["pid"], event["tid"])].append(
+                (event["ts"], event["ts"] + event["dur"])
+            )
+            continue
+        assert ph in "ben", event
+        for needed in ("cat", "name", "pid", "ts", "id2"):
+            assert needed in event, (needed, event)
+        key = (event["pid"], event["id2"]["local"])
+        stack = stacks[key]
+        if ph == "b":
+            opened = Slice(
+                event["name"], event["cat"], key, event["ts"], args=event.get("args", {})
+            )
+            (stack[-1].children if stack else roots).append(opened)
+            stack.append(opened)
+        elif ph == "e":
+            assert stack, f"an 'e' with no open 'b': {event}"
+            closing = stack.pop()
+            assert closing.name == event["name"], (closing.name, event)
+            closing.end = event["ts"]
+        elif stack:
+            stack[-1].instants.append(event)
+        else:
+            alone = Slice(event["name"], event["cat"], key, event["ts"], event["ts"])
+            alone.args = event.get("args", {})
+            roots.append(alone)
+    unmatched = [s.name for stack in stacks.values() for s in stack]
+    assert not unmatched, f"'b' without 'e': {unmatched}"
+    for spans in by_thread.values():
+        spans.sort()
+        for (_, end), (begin, _) in itertools.pairwise(spans):
+            assert begin >= end, f"overlapping X slices on one thread: {spans}"
+    assert_unique_ids(roots)
+    return roots
+
+
+def assert_unique_ids(roots: list[Slice]) -> None:
+    """No two slices that are open at the same time share a (process, id)."""
+    by_key: dict[tuple[int, str], list[Slice]] = defaultdict(list)
+    for root in roots:
+        by_key[root.key].append(root)
+    for key, same in by_key.items():
+        same.sort(key=lambda s: s.begin)
+        for a, b in itertools.pairwise(same):
+            assert b.begin >= a.end, f"id {key} shared by slices open together: {a}, {b}"
+
+
+def most_open_at_once(slices: list[Slice]) -> int:
+    """The largest number of ``slices`` open at one instant."""
+    edges = sorted([(s.begin, 1) for s in slices] + [(s.end, -1) for s in slices])
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
+def timeline_file(save_path: Path) -> Path:
+    """The one timeline file under ``save_path``."""
+    (path,) = (save_path / "timeline").glob("*.trace.json.gz")
+    return path
