@@ -39,6 +39,7 @@ def bench(session: nox.Session) -> None:
     """Benchmarks; their tables go into the README with this command."""
     session.install("-e", ".[bench]")
     session.run("python", "benchmarks/bench_request.py", *session.posargs)
+    session.run("python", "benchmarks/bench_agentloop.py")
 
 
 @nox.session(python="3.11", default=False)

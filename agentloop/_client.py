@@ -172,8 +172,10 @@ class LLMClient:
                 )
                 if exc.kind in ("connect", "disconnected"):
                     self.balancer.failed(replica)
+                if exc.kind != "connect":
+                    raise  # the request may have reached the server: never send it again
                 refused.append(replica)
-                if exc.kind != "connect" or len(refused) == len(self.urls):
+                if len(refused) == len(self.urls):
                     raise
             finally:
                 self.balancer.release(replica)

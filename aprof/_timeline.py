@@ -192,7 +192,12 @@ class Span:
             return  # ended already, at close
         events = timeline.events  # Timeline.add, inlined: spans end often
         if len(events) < timeline.capacity:
-            events.append((SPAN, self._name, self._begin, end, self._step, self._attrs, note))
+            # Keys, then values, flat in the tuple: a tuple holding a dict (or other tuples)
+            # stays tracked by the garbage collector, and full collections walk the buffer.
+            attrs = self._attrs
+            events.append(
+                (SPAN, self._name, self._begin, end, self._step, note, *attrs, *attrs.values())
+            )
         else:
             timeline.dropped += 1
 

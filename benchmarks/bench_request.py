@@ -7,10 +7,11 @@
    interleaved, the timeline written between variants; the best round of each is reported.
 2. Event loop: ``--loops`` concurrent stand-in agent loops of ``--turns`` turns, each turn a
    ``prof.span`` and a ``prof.request`` around a reply that only yields to the loop, over
-   ``--steps`` profiled global steps; wall time with aprof (timeline on and off) against the
-   same loops without aprof, best of ``--rounds``. Then the largest stall of the event loop
-   while the timeline of one such step is written, seen by a task that sleeps 1 ms and
-   measures how late it wakes, against the same probe on an idle loop.
+   ``--steps`` global steps; wall time with aprof (timeline off and on, steps unprofiled and
+   profiled) against the same loops without aprof and with two empty async context managers
+   per turn instead, best of ``--rounds``. Then the largest stall of the event loop while the
+   timeline of one such step is written, seen by a task that sleeps 1 ms and measures how late
+   it wakes, against the same probe on an idle loop.
 
 Run with ``nox -s bench`` (or ``python benchmarks/bench_request.py``).
 """
@@ -135,12 +136,17 @@ async def stand_in_reply() -> None:
     await asyncio.sleep(0)
 
 
-async def agent_loop(prof: aprof.Profiler | None, sample: int, turns: int) -> None:
+async def agent_loop(prof: aprof.Profiler | Empty | None, sample: int, turns: int) -> None:
+    """``turns`` turns, each ``prof.span`` and ``prof.request`` around a stand-in reply;
+    ``Empty()``: two empty context managers instead; ``None``: the reply alone."""
     for turn in range(turns):
+        if prof is None:
+            await stand_in_reply()
+            continue
         span: AbstractAsyncContextManager[object]
         request: AbstractAsyncContextManager[object]
-        if prof is None:
-            span = request = nullcontext()
+        if isinstance(prof, Empty):
+            span = request = prof
         else:
             span = prof.span("turn", sample=sample, turn=turn)
             request = prof.request(replica=sample % 2, request_id=f"{sample}-{turn}")
@@ -148,11 +154,13 @@ async def agent_loop(prof: aprof.Profiler | None, sample: int, turns: int) -> No
             await stand_in_reply()
 
 
-async def run_steps(prof: aprof.Profiler | None, loops: int, turns: int, steps: int) -> float:
+async def run_steps(
+    prof: aprof.Profiler | Empty | None, loops: int, turns: int, steps: int
+) -> float:
     """Wall seconds of ``steps`` steps of ``loops`` concurrent agent loops."""
     began = time.perf_counter()
     for n in range(1, steps + 1):
-        step = prof.step(n) if prof is not None else nullcontext()
+        step = prof.step(n) if isinstance(prof, aprof.Profiler) else nullcontext()
         async with step:
             await asyncio.gather(*(agent_loop(prof, i, turns) for i in range(loops)))
     return time.perf_counter() - began
@@ -184,8 +192,9 @@ async def probe(stop: asyncio.Event) -> float:
     return worst
 
 
-LOOP_VARIANTS = {
+LOOP_VARIANTS: dict[str, tuple[bool, bool] | Empty | None] = {
     "no aprof": None,
+    "two empty `async with` per turn instead": Empty(),
     "aprof, unprofiled steps, timeline off": (False, False),
     "aprof, unprofiled steps, timeline on": (True, False),
     "aprof, profiled steps (replica 0 captured), timeline on": (True, True),
@@ -198,8 +207,8 @@ async def measure_loops(loops: int, turns: int, steps: int, rounds: int) -> dict
     with tempfile.TemporaryDirectory() as out:
         for i in range(rounds):
             for name, variant in LOOP_VARIANTS.items():
-                if variant is None:
-                    wall = await run_steps(None, loops, turns, steps)
+                if not isinstance(variant, tuple):
+                    wall = await run_steps(variant, loops, turns, steps)
                 else:
                     wall = await with_profiler(
                         Path(out, f"{len(name)}-{i}"),

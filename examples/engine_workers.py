@@ -25,7 +25,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from aprof._worker import CAPTURES_FILE, WorkerProfiler, staged
+from aprof import WorkerProfiler, staged
+from aprof._worker import CAPTURES_FILE
 
 VOCAB, HIDDEN, BATCH = 8, 32, 16
 JOB_TIMEOUT_S = 300.0

@@ -1,0 +1,129 @@
+"""What profiling costs real agent loops: agentloop's ToolAgentLoop at 10,000 concurrent loops.
+
+Each loop is agentloop's ``ToolAgentLoop`` (3 turns, a calculator and a search call on the
+first two, ``ScriptedToolCalls`` as the policy) through ``LLMClient`` (balancer, request ids,
+``prof.request``), with one thing replaced: the HTTP exchange with a server is an in-process
+reply that yields to the event loop once and returns a canned completion, so the loop is as
+CPU-bound as it can be and every cost of aprof shows. Variants, interleaved per round, best of
+``--rounds``: no profiler; a profiler whose steps are not profiled (timeline on); every step
+profiled (both replicas captured by ``RecordingTarget``, timeline on). The garbage collector
+is on, as in a real program.
+
+Run with ``nox -s bench`` (or ``python benchmarks/bench_agentloop.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+import aprof
+from agentloop import (
+    AgentLoopRunner,
+    LLMClient,
+    Sample,
+    ScriptedToolCalls,
+    ToolAgentLoop,
+    calculator,
+    make_search,
+)
+from agentloop._dialects import Answer
+from aprof.testing import RecordingTarget
+
+REPLICAS = ("http://127.0.0.1:9", "http://127.0.0.1:10")  # never contacted
+
+
+class InProcessReplies(LLMClient):
+    """``LLMClient`` with the HTTP exchange replaced by an immediate in-process reply."""
+
+    async def _send(self, replica: int, payload: dict[str, Any], request_id: str | None) -> Answer:
+        await asyncio.sleep(0)  # a reply always comes back through the event loop
+        return Answer(text="the answer is 42", finish_reason="length", completion_tokens=16)
+
+
+VARIANTS = ("profiling off (no profiler)", "aprof, unprofiled steps", "aprof, profiled steps")
+
+
+async def run(variant: str, save: Path, loops: int, turns: int, steps: int) -> float:
+    """Wall seconds of ``steps`` global steps of ``loops`` concurrent loops."""
+    prof = None
+    if variant != VARIANTS[0]:
+        selected = {"every": 1} if variant == VARIANTS[2] else []
+        prof = aprof.Profiler(
+            {
+                "global_profiler": {"steps": selected, "save_path": str(save)},
+                "rollout": {"replicas": "all", "forward_steps": None},
+                "timeline": {"buffer_events": 4 * loops * turns * steps},
+                "log": {"level": "warning"},
+            }
+        )
+        for r in range(len(REPLICAS)):
+            prof.add_target(RecordingTarget(f"replica_{r}", replica=r))
+    llm = InProcessReplies(REPLICAS, prof=prof)
+    tools = [calculator, make_search(delay_s=0)]
+    loop = ToolAgentLoop(llm, tools, parser=ScriptedToolCalls(2), max_turns=turns, max_tokens=16)
+    runner = AgentLoopRunner(loop, concurrency=loops)
+
+    async def batch(n: int) -> None:
+        samples = (Sample(id=f"s{n}-{i}", prompt="What is 6 * 7? ") for i in range(loops))
+        done = await runner.run_batch(samples)
+        # Checked, then dropped: a trainer would consume them before the next step.
+        assert all(t.ok and len(t.turns) == turns for t in done)
+
+    async with llm:
+        began = time.perf_counter()
+        if prof is None:
+            for n in range(1, steps + 1):
+                await batch(n)
+        else:
+            async with prof:
+                for n in range(1, steps + 1):
+                    async with prof.step(n):
+                        await batch(n)
+        wall = time.perf_counter() - began
+    if prof is not None:
+        (timeline,) = prof.manifest.timeline
+        assert timeline.dropped == 0
+    return wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--loops", type=int, default=10_000)
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+    best = dict.fromkeys(VARIANTS, float("inf"))
+    with tempfile.TemporaryDirectory() as out:
+        for i in range(args.rounds):
+            for variant in VARIANTS:
+                save = Path(out, f"{VARIANTS.index(variant)}-{i}")
+                wall = asyncio.run(run(variant, save, args.loops, args.turns, args.steps))
+                best[variant] = min(best[variant], wall)
+    turns = args.loops * args.turns * args.steps
+    print(
+        f"{args.loops} concurrent ToolAgentLoops x {args.turns} turns x {args.steps} steps, "
+        f"in-process replies, best of {args.rounds}\n"
+    )
+    print("| variant | wall s | vs profiling off | per turn |")
+    print("|---|---:|---:|---:|")
+    off = best[VARIANTS[0]]
+    for variant, wall in best.items():
+        print(
+            f"| {variant} | {wall:.2f} | {wall / off - 1:+.1%} | "
+            f"{wall / turns * 1e6:.1f} µs (+{(wall - off) / turns * 1e6:.1f}) |"
+        )
+
+
+if __name__ == "__main__":
+    main()
