@@ -8,7 +8,8 @@ import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -591,6 +592,7 @@ def _fields_at(root: type[BaseModel], loc: tuple[int | str, ...]) -> dict[str, F
     """The fields of the model found by walking `loc` down from `root`, if it is a model."""
     node: Any = root
     for part in loc:
+        node = _unoptional(node)
         if isinstance(node, type) and issubclass(node, BaseModel):
             info = node.model_fields.get(str(part))
             if info is None:
@@ -600,6 +602,16 @@ def _fields_at(root: type[BaseModel], loc: tuple[int | str, ...]) -> dict[str, F
             node = get_args(node)[1]
         else:
             return None
+    node = _unoptional(node)
     if isinstance(node, type) and issubclass(node, BaseModel):
         return dict(node.model_fields)
     return None
+
+
+def _unoptional(node: Any) -> Any:
+    """``X`` for an ``X | None`` annotation (an optional block), else ``node``."""
+    if get_origin(node) in (Union, UnionType):
+        args = [arg for arg in get_args(node) if arg is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return node

@@ -197,7 +197,16 @@ async def test_demo_against_real_vllm(
     """``aprof demo --server vllm URL``: tool-calling agent loops through the OpenAI API of a
     real vLLM, its profiled step captured and auto-stopped by the server."""
     cfg = _config(tmp_path / "launch", [1])
-    spec = _spec(cfg, tiny_model, owned_env, profiling=True)
+    spec = launch_spec(
+        "vllm",
+        cfg,
+        version=VERSION,
+        model=str(tiny_model),
+        port=free_port(),
+        # The third turn's prompt holds two tool results: room beyond SERVER_ARGS' 256.
+        server_args=["--dtype", "float32", "--max-model-len", "1024"],
+    )
+    spec = dataclasses.replace(spec, env={**spec.env, **owned_env})
     server = await launch(spec, log_path=tmp_path / "vllm.log", health_timeout_s=HEALTH_TIMEOUT_S)
     out = tmp_path / "demo"
     async with server:

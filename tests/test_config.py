@@ -183,6 +183,11 @@ def test_top_level_must_be_a_mapping(source: object) -> None:
         ({"rollout": {"forwrd_steps": 3}}, "rollout.forwrd_steps", "did you mean 'forward_steps'?"),
         ({"rolout": {}}, "rolout", "did you mean 'rollout'?"),
         ({"roles": {"actor": {"rnks": [0]}}}, "roles.actor.rnks", "did you mean 'ranks'?"),
+        (
+            {"tool_config": {"torch": {"schedule": {"active": 1, "wiat": 1}}}},
+            "tool_config.torch.schedule.wiat",
+            "did you mean 'wait'?",  # inside an optional block
+        ),
         ({"zzz": 1}, "zzz", "unknown key; expected one of 'global_profiler'"),
         ({"rollout": {"forward_steps": -1}}, "rollout.forward_steps", "must be > 0, got -1"),
         ({"rollout": {"delay": -1}}, "rollout.delay", "must be >= 0, got -1"),
