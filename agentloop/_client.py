@@ -139,7 +139,7 @@ class LLMClient:
         *,
         max_tokens: int,
         temperature: float | None = None,
-        stop: Sequence[str] = (),
+        stop: str | Sequence[str] = (),
         prefer: int | None = None,
         request_id: str | None = None,
     ) -> Completion:

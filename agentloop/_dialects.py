@@ -38,6 +38,11 @@ class Answer:
     completion_tokens: int | None = None
 
 
+def stop_strings(stop: str | Sequence[str]) -> list[str]:
+    """``stop`` as a list: a single string is one stop string, not its characters."""
+    return [stop] if isinstance(stop, str) else list(stop)
+
+
 def path(api: Api) -> str:
     """The route a completion is posted to."""
     return "/v1/completions" if api == "openai" else "/generate"
@@ -50,18 +55,19 @@ def body(
     model: str | None,
     max_tokens: int,
     temperature: float | None,
-    stop: Sequence[str],
+    stop: str | Sequence[str],
     stream: bool,
 ) -> dict[str, Any]:
-    """The JSON body of one completion request."""
+    """The JSON body of one completion request; ``stop`` is one string or several."""
+    stops = stop_strings(stop)
     if api == "openai":
         payload: dict[str, Any] = {"prompt": prompt, "max_tokens": max_tokens}
         if model is not None:
             payload["model"] = model
         if temperature is not None:
             payload["temperature"] = temperature
-        if stop:
-            payload["stop"] = list(stop)
+        if stops:
+            payload["stop"] = stops
         if stream:
             payload["stream"] = True
             payload["stream_options"] = {"include_usage": True}
@@ -69,8 +75,8 @@ def body(
     params: dict[str, Any] = {"max_new_tokens": max_tokens}
     if temperature is not None:
         params["temperature"] = temperature
-    if stop:
-        params["stop"] = list(stop)
+    if stops:
+        params["stop"] = stops
     payload = {"text": prompt, "sampling_params": params}
     if stream:
         payload["stream"] = True

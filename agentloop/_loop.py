@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 
 import structlog
 
+from agentloop import _dialects
 from agentloop._client import LLMClient
 from agentloop._errors import LLMError
 from agentloop._parsers import HermesParser, ToolCallParser
@@ -37,14 +38,14 @@ class AgentLoop(ABC):
         *,
         max_tokens: int = 64,
         temperature: float | None = None,
-        stop: Sequence[str] = (),
+        stop: str | Sequence[str] = (),
     ) -> None:
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         self.llm = llm
         self.max_tokens = max_tokens
         self.temperature = temperature
-        self.stop = tuple(stop)
+        self.stop = tuple(_dialects.stop_strings(stop))
 
     @abstractmethod
     async def run(self, sample: Sample) -> Trajectory:
@@ -124,7 +125,7 @@ class ToolAgentLoop(AgentLoop):
         tool_timeout_s: float = 30.0,
         max_tokens: int = 64,
         temperature: float | None = None,
-        stop: Sequence[str] = (),
+        stop: str | Sequence[str] = (),
     ) -> None:
         super().__init__(llm, max_tokens=max_tokens, temperature=temperature, stop=stop)
         if max_turns < 1:
@@ -173,6 +174,13 @@ class ToolAgentLoop(AgentLoop):
                     content = await tool(**call.arguments)
             except TimeoutError:
                 return ToolResult(call, error=f"no answer within {self.tool_timeout_s:g} s")
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is None or task.cancelling():
+                    raise  # the rollout is being cancelled
+                # The tool's own (it awaited something cancelled elsewhere): a failed call,
+                # not a rollout that vanishes from its batch.
+                return ToolResult(call, error="CancelledError: the tool was cancelled")
             except Exception as exc:  # the model sees the error and may try again
                 return ToolResult(call, error=f"{type(exc).__name__}: {exc}")
         return ToolResult(call, content=content)

@@ -40,7 +40,7 @@ class HermesParser:
         for block in self._BLOCK.findall(text):
             try:
                 obj = json.loads(block)
-            except json.JSONDecodeError as exc:
+            except (json.JSONDecodeError, RecursionError) as exc:  # too deep is malformed too
                 _log.info("tool call skipped", turn=turn, why=f"not JSON: {exc}")
                 continue
             name = obj.get("name") if isinstance(obj, dict) else None
@@ -48,7 +48,7 @@ class HermesParser:
             if isinstance(arguments, str):  # some models write the arguments as a JSON string
                 try:
                     arguments = json.loads(arguments)
-                except json.JSONDecodeError:
+                except (json.JSONDecodeError, RecursionError):
                     arguments = None
             if not isinstance(name, str) or not isinstance(arguments, Mapping):
                 _log.info(

@@ -116,12 +116,12 @@ class AgentLoopRunner:
             raise failure
 
     async def _rollout(self, sample: Sample) -> Trajectory:
+        prof = self.loop.llm.prof
+        step = None if prof is None else prof.current_step  # staleness counts from the start
         try:
             return await self.loop.run(sample)
         except Exception as exc:  # a broken loop fails its rollout, not the batch
             _log.exception("agent loop raised", trajectory=sample.id)
-            prof = self.loop.llm.prof
-            step = None if prof is None else prof.current_step
             return Trajectory(sample=sample, step=step, error=exc)
 
 

@@ -22,7 +22,7 @@ import zlib
 from collections.abc import Iterator
 from json.encoder import encode_basestring_ascii as _quote
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from aprof._manifest import Clock
 
@@ -48,13 +48,21 @@ if that waits for it; without the pause the loop could wait a whole switch inter
 _TF = ("false", "true")
 
 
+class Written(NamedTuple):
+    """The file as last written: its size, its events and the dropped count it reports."""
+
+    bytes: int
+    events: int
+    dropped: int
+
+
 class ChromeTraceWriter:
     """Writes timeline events to ``path``; one instance per file, used from one thread."""
 
     def __init__(self, path: Path, *, process: str, clock: Clock) -> None:
         self.path = path
-        self.bytes = 0
-        """Size of the file as last written."""
+        self.written = Written(0, 0, 0)
+        """The file as last written; replaced whole, so another thread reads one write's."""
         self._process = process
         self._clock = clock
         self._pid = os.getpid()
@@ -66,8 +74,6 @@ class ChromeTraceWriter:
         self._where = f'"pid":{self._pid},"tid":{self._tid}'
         self._names: dict[str, str] = {}
         self._keys: dict[str, str] = {}
-        self.events = 0
-        """Events in the file as last written."""
 
     def write(self, events: list[Event], dropped: int) -> int:
         """Add ``events`` to the file and rewrite it whole; returns the file's size.
@@ -75,7 +81,7 @@ class ChromeTraceWriter:
         Empties ``events``, piece by piece: freeing a whole step's tuples at once would hold
         the GIL, and stall the event loop, for milliseconds.
         """
-        count = self.events + len(events)
+        size, count = self.written.bytes, self.written.events + len(events)
         first = self._zip is None
         # Compress into a copy: a failed write must leave the stream as the file has it.
         stream = zlib.compressobj(_LEVEL, zlib.DEFLATED, 31) if first else self._zip.copy()
@@ -90,28 +96,34 @@ class ChromeTraceWriter:
         tail = ending.compress(self._foot(count, dropped).encode()) + ending.flush(zlib.Z_FINISH)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as out:
-            if first:
-                _keep_previous(self.path)
-            else:
-                _copy_prefix(self.path, out, self.bytes - self._tail)
-            for part in body:
-                out.write(part)
-            out.write(tail)
-        os.replace(tmp, self.path)
+        try:
+            with open(tmp, "wb") as out:
+                if first:
+                    _keep_previous(self.path)
+                else:
+                    _copy_prefix(self.path, out, size - self._tail)
+                for part in body:
+                    out.write(part)
+                out.write(tail)
+            os.replace(tmp, self.path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         self._zip = stream
-        self.bytes = self.bytes - self._tail + sum(map(len, body)) + len(tail)
+        size = size - self._tail + sum(map(len, body)) + len(tail)
         self._tail = len(tail)
-        self.events = count
-        return self.bytes
+        self.written = Written(size, count, dropped)
+        return size
 
     # -- file frame ---------------------------------------------------------------------------
 
     def _head(self) -> str:
         clock = self._clock
-        # displayTimeUnit and the other top-level keys first: Perfetto reads them only there.
+        # Top-level keys before traceEvents, so a reader streaming the file sees them first.
+        # displayTimeUnit "ms" (the format's default) says what ts is: older Perfetto trace
+        # processors read every ts as nanoseconds when the file starts with "ns".
         head = (
-            f'{{"displayTimeUnit":"ns","baseTimeNanoseconds":{clock.wall_ns},'
+            f'{{"displayTimeUnit":"ms","baseTimeNanoseconds":{clock.wall_ns},'
             f'"aprof":{{"process":{_quote(self._process)},"pid":{self._pid},'
             f'"clock":{{"wall_ns":{clock.wall_ns},"monotonic_ns":{clock.monotonic_ns}}}}},'
             '"traceEvents":[\n'

@@ -64,7 +64,12 @@ class Request:
                 run.admitted += 1
                 self.captured = True
             else:
-                await prof._admit(self, run)
+                try:
+                    await prof._admit(self, run)
+                except BaseException as exc:  # no __aexit__ follows a failed __aenter__
+                    if timeline is not None:
+                        self._end(now_ns(), type(exc).__name__)
+                    raise
         return self
 
     async def __aexit__(

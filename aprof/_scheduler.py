@@ -244,7 +244,7 @@ class Profiler:
         self._step_began = now_ns()
         for name, run in list(self._open_roles.items()):
             machine = self._machines[name]
-            continues = cfg.global_profiler.continuous and selected and run.last_step == n - 1
+            continues = self._continuous(machine.target) and selected and run.last_step == n - 1
             if not (continues and self._role_selected(machine.target)):
                 self._close(run, "step_end")
                 del self._open_roles[name]
@@ -315,7 +315,7 @@ class Profiler:
         """Close the windows that end with step ``n``; the tasks that stop its rollout windows
         and those that stop its role windows."""
         cfg = self.config
-        if self._timeline is not None:
+        if self._timeline is not None and self._step == n:  # else the close ended it already
             self._timeline.step(n, n in cfg.global_profiler.steps, self._step_began)
         closing = {self._close(run, reason) for run in self._step_rollout.values()}
         if self._rollout_live:
@@ -324,10 +324,10 @@ class Profiler:
                     self._record_skipped(machine, n, f"no request reached replica {replica}")
         self._step_rollout = {}
         self._rollout_live = False
-        keep = reason == "step_end" and cfg.global_profiler.continuous
+        keep = reason == "step_end" and (n + 1) in cfg.global_profiler.steps
         roles: set[asyncio.Task[None]] = set()
         for name, run in list(self._open_roles.items()):
-            if keep and (n + 1) in cfg.global_profiler.steps:
+            if keep and self._continuous(self._machines[name].target):
                 continue
             roles.add(self._close(run, reason))
             del self._open_roles[name]
@@ -351,11 +351,9 @@ class Profiler:
             req.gated = True
             run.gated += 1
             run.admitted += 1
-            try:
-                async with asyncio.timeout(self.config.timeouts.start_s):
-                    await run.started.wait()
-            except TimeoutError:
-                pass
+            # Bounded without a timer per request: a starting window's start task is bounded
+            # by start_s and sets `started` whatever its outcome (cancellation included).
+            await run.started.wait()
             req.captured = run.active
             self._raise_if_strict([run])
         elif run.phase is Phase.ACTIVE:
@@ -490,6 +488,11 @@ class Profiler:
         rank = getattr(target, "rank", None)
         return rank is None or role.selects(rank)
 
+    def _continuous(self, target: CaptureTarget) -> bool:
+        """A window of ``target`` spans a run of steps: discrete roles capture per stage."""
+        role = self.config.roles.get(_role_of(target))
+        return self.config.global_profiler.continuous and not (role is not None and role.discrete)
+
     def _raise_if_strict(self, runs: list[WindowRun]) -> None:
         if not self.config.strict:
             return
@@ -537,14 +540,15 @@ class Profiler:
             if (counts.admitted, counts.gated) != (run.admitted, run.gated):
                 counts.admitted, counts.gated = run.admitted, run.gated
         timeline = self._timeline
-        if timeline is not None and timeline.bytes:
+        written = None if timeline is None else timeline.written  # one write's, read once
+        if timeline is not None and written is not None and written.bytes:
             self._manifest.timeline = [
                 TimelineFile(
                     path=self._layout.relative(timeline.path),
                     process=timeline.process,
-                    bytes=timeline.bytes,
-                    events=timeline.events_in_file,
-                    dropped=timeline.dropped,
+                    bytes=written.bytes,
+                    events=written.events,
+                    dropped=written.dropped,
                 )
             ]
         write_manifest(self._manifest, self._layout.root / FILENAME)

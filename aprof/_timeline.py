@@ -16,7 +16,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Final
 
-from aprof._chrome_trace import SPAN, STEP, WINDOW, ChromeTraceWriter, Event
+from aprof._chrome_trace import SPAN, STEP, WINDOW, ChromeTraceWriter, Event, Written
 from aprof._logging import logger
 from aprof._manifest import Clock
 
@@ -124,14 +124,9 @@ class Timeline:
             self._executor.shutdown(wait=False)
 
     @property
-    def bytes(self) -> int:
-        """Size of the file as last written (0 before the first write)."""
-        return self._writer.bytes
-
-    @property
-    def events_in_file(self) -> int:
-        """Events in the file as last written."""
-        return self._writer.events
+    def written(self) -> Written:
+        """Size, events and dropped count of the file as last written (0s before that)."""
+        return self._writer.written
 
 
 def _log_failure(done: Future[int]) -> None:

@@ -55,6 +55,9 @@ class LocalWorker:
 
     def begin_step(self, step: int) -> None:
         """Open the window at global step ``step``, synchronously."""
+        # A window whose begin answered after the driver's bound may never have been ended:
+        # close it, or the new window would continue it.
+        self.profiler.close()
         self._first = len(self.profiler.captures)
         self.profiler.begin_step(step)
 
@@ -80,6 +83,7 @@ class LocalWorker:
 @dataclass(frozen=True, slots=True)
 class _Failure:
     error: str
+    timed_out: bool
 
 
 class WorkerGroup:
@@ -125,6 +129,9 @@ class WorkerGroup:
         self._bounds(config.timeouts)
         self._began: list[tuple[WorkerHandle, int]] = []  # with the time each began
         self._lost: list[WorkerCapture] = []  # ranks that did not begin the open window
+        # Ranks whose begin ran out of time: a remote call goes on (Ray does not cancel it),
+        # so the rank may begin late; its end closes what it opened.
+        self._late: list[tuple[WorkerHandle, int]] = []
 
     async def open(self, timeouts: TimeoutsConfig) -> None:
         """Take the profiler's bounds for each rank's calls."""
@@ -138,16 +145,20 @@ class WorkerGroup:
         if not self.selected:
             ranks = ", ".join(str(w.rank) for w in self.workers)
             raise RuntimeError(f"roles.{self.role} selects none of the group's ranks ({ranks})")
-        self._began, self._lost = [], []
+        self._began, self._lost, self._late = [], [], []
         await asyncio.gather(*(self._begin(w, window.step) for w in self.selected))
         if not self._began:
             raise RuntimeError(f"no rank began: {_errors(self._lost)}")
 
     async def stop(self, window: Window) -> CaptureResult:
-        """End ``window`` on every rank that began; raise when every selected rank failed."""
-        began, lost = self._began, self._lost
-        self._began, self._lost = [], []
-        ended = await asyncio.gather(*(self._end(w, t, window.step) for w, t in began))
+        """End ``window`` on every rank that began or ran out of time beginning; raise when
+        every selected rank failed."""
+        began, lost, late = self._began, self._lost, self._late
+        self._began, self._lost, self._late = [], [], []
+        ended = await asyncio.gather(
+            *(self._end(w, t, window.step) for w, t in began),
+            *(self._end_late(w) for w, _ in late),
+        )
         captures = sorted([*lost, *(c for found in ended for c in found)], key=lambda c: c.rank)
         failed = [c for c in captures if c.state == "failed"]
         # A rank failed when it has failed captures and no good one (none at all is no failure).
@@ -173,6 +184,8 @@ class WorkerGroup:
         outcome = await self._call(worker.rank, "begin", lambda: worker.begin(step), self._begin_s)
         if isinstance(outcome, _Failure):
             self._lost.append(self._failed(worker.rank, step, started_ns, outcome.error))
+            if outcome.timed_out:
+                self._late.append((worker, started_ns))
         else:
             self._began.append((worker, started_ns))
 
@@ -182,6 +195,11 @@ class WorkerGroup:
             return [self._failed(worker.rank, step, started_ns, outcome.error)]
         return list(outcome)
 
+    async def _end_late(self, worker: WorkerHandle) -> list[WorkerCapture]:
+        """The captures of a rank that began late, if any (its begin failure is recorded)."""
+        outcome = await self._call(worker.rank, "end", worker.end, self._end_s)
+        return [] if isinstance(outcome, _Failure) else list(outcome)
+
     async def _call(
         self, rank: int, what: str, call: Callable[[], Awaitable[T]], limit_s: float
     ) -> T | _Failure:
@@ -190,12 +208,13 @@ class WorkerGroup:
             async with bound:
                 return await call()
         except Exception as exc:  # TimeoutError included: a failing rank costs its capture only
-            if bound.expired():
+            timed_out = bound.expired()
+            if timed_out:
                 error = f"{what} timed out after {limit_s:g}s"
             else:
                 error = f"{what} failed: {_describe(exc)}"
         logger.warning("aprof worker rank failed", role=self.role, rank=rank, error=error)
-        return _Failure(error)
+        return _Failure(error, timed_out)
 
     def _failed(self, rank: int, step: int, started_ns: int, error: str) -> WorkerCapture:
         return WorkerCapture(

@@ -154,3 +154,21 @@ def test_example_config_validates() -> None:
     """The example config of the README loads."""
     config = aprof.load_config(ROOT / "examples" / "profile.yaml")
     assert 5 in config.global_profiler.steps and config.rollout.forward_steps == 8
+
+
+def test_demo_without_torch_says_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without torch the demo stops before launching anything, with the install line."""
+    import importlib.util
+
+    from aprof.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a)
+    )
+    assert main(["demo", "--out", str(tmp_path / "x")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install torch==2.13.0" in err
+    assert not (tmp_path / "x").exists()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import itertools
 import sys
 import time
@@ -59,14 +60,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "demo",
         help="run a small profiled async RL loop and show what was captured",
-        description=__doc__,
+        description=__doc__.replace("``", "") if __doc__ else None,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--server",
         nargs="+",
         default=["reference"],
-        metavar="KIND [URL ...]",
+        metavar=("KIND", "URL"),
         help="'reference' (launch reference servers, the default) or 'vllm URL [URL ...]' "
         "(running vLLM servers launched with profiling, one replica per URL)",
     )
@@ -74,11 +75,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--steps", default="1,2,5", help="global steps to profile (default 1,2,5)")
     parser.add_argument("--num-steps", type=int, default=6, help="global steps to run (default 6)")
     parser.add_argument("--replicas", type=int, default=2, help="reference servers (default 2)")
-    parser.add_argument("--concurrency", type=int, default=16, help="agent loops per step")
     parser.add_argument(
-        "--forward-steps", type=int, default=8, help="engine forward steps per rollout window"
+        "--concurrency", type=int, default=16, help="agent loops per step (default 16)"
     )
-    parser.add_argument("--out", type=Path, default=Path("aprof-demo"), help="output folder")
+    parser.add_argument(
+        "--forward-steps",
+        type=int,
+        default=8,
+        help="engine forward steps per rollout window (default 8)",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path("aprof-demo"), help="output folder (default aprof-demo)"
+    )
     parser.set_defaults(run=run)
 
 
@@ -119,6 +127,9 @@ class _ServerError(Exception):
 
 
 def _check(args: argparse.Namespace) -> str | None:
+    if importlib.util.find_spec("torch") is None:
+        # The reference servers and the trainer run torch models.
+        return "needs torch: pip install torch==2.13.0 (the CPU build) or any torch >= 2.4"
     for flag in ("num_steps", "replicas", "concurrency", "forward_steps"):
         if getattr(args, flag) < 1:
             return f"--{flag.replace('_', '-')} must be >= 1"

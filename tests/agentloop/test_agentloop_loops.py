@@ -154,6 +154,54 @@ async def test_failing_tool_calls_answer_the_model_with_their_error(
     assert "error: RuntimeError: tool is down" in traj.turns[0].observation
 
 
+async def test_a_tool_raising_cancelled_error_of_its_own_is_a_failed_call(
+    replicas: ReplicaFactory,
+) -> None:
+    # A tool awaiting work that someone else cancelled (a shared in-flight lookup) gets a
+    # CancelledError although its rollout is not being cancelled: that is the tool failing.
+    @tool
+    async def shared(text: str) -> str:
+        lookup = asyncio.get_running_loop().create_future()
+        lookup.cancel()
+        return str(await lookup)
+
+    async with asyncio.timeout(LIMIT_S), replicas(1) as [server], LLMClient([server.url]) as llm:
+        loop = ToolAgentLoop(
+            llm, [shared], parser=ScriptedToolCalls(1, tools=["shared"]), max_tokens=2
+        )
+        trajs = await AgentLoopRunner(loop, concurrency=1).run_batch(samples(2))
+    assert [t.id for t in trajs] == ["s0", "s1"]
+    for traj in trajs:
+        assert traj.ok and len(traj.turns) == 2
+        assert traj.turns[0].tool_results[0].error == "CancelledError: the tool was cancelled"
+
+
+async def test_cancelling_the_batch_cancels_a_tool_call_in_flight(
+    replicas: ReplicaFactory,
+) -> None:
+    entered, never = asyncio.Event(), asyncio.Event()
+    cancelled: list[str] = []
+
+    @tool
+    async def slow(text: str) -> str:
+        entered.set()
+        try:
+            await never.wait()
+        except asyncio.CancelledError:
+            cancelled.append(text)
+            raise
+        return "never"
+
+    async with asyncio.timeout(LIMIT_S), replicas(1) as [server], LLMClient([server.url]) as llm:
+        loop = ToolAgentLoop(llm, [slow], parser=ScriptedToolCalls(1, tools=["slow"]), max_tokens=2)
+        batch = asyncio.create_task(AgentLoopRunner(loop).run_batch(samples(1)))
+        await entered.wait()
+        batch.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await batch
+    assert len(cancelled) == 1
+
+
 async def test_a_failed_request_ends_the_trajectory_with_the_error(
     replicas: ReplicaFactory,
 ) -> None:

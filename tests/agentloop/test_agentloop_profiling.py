@@ -20,8 +20,10 @@ from agentloop_replicas import ReplicaFactory, Stall, samples
 
 import aprof
 from agentloop import (
+    AgentLoop,
     AgentLoopRunner,
     LLMClient,
+    Sample,
     ScriptedToolCalls,
     SingleTurnLoop,
     ToolAgentLoop,
@@ -235,3 +237,37 @@ async def test_turn_and_tool_spans_follow_the_timeline_switch(
     assert not (prof.save_path / "timeline").exists() or enable
     assert Counter(names)["turn"] == (2 if enable else 0)
     assert Counter(names)["tool_call"] == (1 if enable else 0)
+
+
+class _RaisesWhenLetGo(AgentLoop):
+    """A broken loop: a rollout waits for ``gate``, then raises without a trajectory."""
+
+    def __init__(self, llm: LLMClient) -> None:
+        super().__init__(llm)
+        self.began = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    async def run(self, sample: Sample) -> Trajectory:
+        self.began.set()
+        await self.gate.wait()
+        raise RuntimeError("broken loop")
+
+
+async def test_a_loop_that_raises_in_a_later_step_keeps_the_step_it_began_in(
+    make_config: MakeConfig,
+) -> None:
+    async with (
+        asyncio.timeout(LIMIT_S),
+        aprof.Profiler(make_config()) as prof,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        # Never opened: the loop sends no request.
+        loop = _RaisesWhenLetGo(LLMClient(["http://127.0.0.1:1"], prof=prof))
+        runner = AgentLoopRunner(loop, concurrency=1)
+        async with prof.step(1):
+            rollouts = await stack.enter_async_context(runner.stream(samples(1), max_staleness=1))
+            await loop.began.wait()
+        async with prof.step(2):
+            loop.gate.set()
+            [traj] = await rollouts.take(1)
+    assert isinstance(traj.error, RuntimeError) and traj.step == 1

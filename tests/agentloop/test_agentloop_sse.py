@@ -53,6 +53,13 @@ def test_request_bodies_use_each_apis_field_names() -> None:
     assert sglang == {"text": "p", "sampling_params": {"max_new_tokens": 3}}
 
 
+def test_a_single_stop_string_is_not_split_into_characters() -> None:
+    for api in ("openai", "sglang"):
+        sent = body(api, "p", model=None, max_tokens=3, temperature=None, stop="###", stream=False)
+        params = sent if api == "openai" else sent["sampling_params"]
+        assert params["stop"] == ["###"]
+
+
 def test_openai_stream_adds_text_and_takes_usage_from_the_last_chunk() -> None:
     answer = Answer()
     read_chunk("openai", answer, {"choices": [{"text": "ab", "finish_reason": None}]})

@@ -152,3 +152,15 @@ async def test_scripted_calls_are_deterministic_cycle_tools_and_stop() -> None:
     )
     [query] = parser.parse("abc", turn=1)
     assert await search(**query.arguments) != "no results"
+
+
+def test_hermes_parser_skips_a_block_nested_too_deep_to_decode() -> None:
+    # json.loads raises RecursionError, not JSONDecodeError, for nesting this deep; a model's
+    # runaway output must not fail the rollout.
+    deep = "[" * 100_000
+    text = (
+        f"<tool_call>{deep}</tool_call>"
+        f'<tool_call>{{"name": "search", "arguments": "{deep}"}}</tool_call>'
+        '<tool_call>{"name": "search", "arguments": {"query": "q"}}</tool_call>'
+    )
+    assert HermesParser().parse(text, turn=0) == [ToolCall("search", {"query": "q"})]

@@ -1,7 +1,7 @@
 """What the timeline file holds: requests, spans, steps and capture windows, in valid form.
 
 Every test runs a real Profiler against ``RecordingTarget``s, closes it, reads the gzip file
-back and replays it with ``timeline_rules.check_trace`` (``displayTimeUnit`` first, every ``b``
+back and replays it with ``timeline_rules.check_trace`` (header keys first, every ``b``
 matched by an ``e``, ids unique among slices open together, no overlapping ``X`` on a thread).
 """
 

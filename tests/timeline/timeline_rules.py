@@ -41,7 +41,8 @@ def check_trace(data: dict[str, Any]) -> list[Slice]:
     """Assert the format rules; returns the top-level async slices (instants without a
     slice around them come back as zero-length slices)."""
     keys = list(data)
-    assert keys[0] == "displayTimeUnit", keys
+    # First, and not "ns": older Perfetto would then read every ts as nanoseconds.
+    assert keys[0] == "displayTimeUnit" and data["displayTimeUnit"] == "ms"
     assert keys.index("baseTimeNanoseconds") < keys.index("traceEvents")
     assert keys.index("aprof") < keys.index("traceEvents")
     events = data["traceEvents"]
