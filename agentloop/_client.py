@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import structlog
+import yarl
 
 from agentloop import _dialects
 from agentloop._balancer import ReplicaBalancer
@@ -81,8 +82,9 @@ class LLMClient:
         if isinstance(replicas, str) or not replicas:
             raise ValueError("replicas must be a non-empty list of base URLs")
         for url in replicas:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"a replica URL starts with http:// or https://, got {url!r}")
+            parsed = yarl.URL(url) if url.startswith(("http://", "https://")) else None
+            if parsed is None or not parsed.host:
+                raise ValueError(f"a replica URL is http(s)://host[:port][/path], got {url!r}")
         if api not in ("openai", "sglang"):
             raise ValueError(f"api must be 'openai' or 'sglang', got {api!r}")
         for name, value in (("timeout_s", timeout_s), ("connect_timeout_s", connect_timeout_s)):
@@ -124,7 +126,8 @@ class LLMClient:
                 # The runner bounds concurrency; a pool limit would only queue requests
                 # inside the per-request timeout.
                 connector=aiohttp.TCPConnector(limit=0),
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout_s),
+                # `connect` covers the name lookup too, which `sock_connect` does not.
+                timeout=aiohttp.ClientTimeout(total=None, connect=self._connect_timeout_s),
             )
 
     async def aclose(self) -> None:

@@ -222,9 +222,11 @@ class Profiler:
                     run.record.state = "timeout"
                     run.record.error = "did not finish before the profiler closed"
             self._status = "closed"
-            if self._timeline is not None:
-                await self._timeline.aclose()
-            self._save()
+            try:
+                if self._timeline is not None:
+                    await self._timeline.aclose()
+            finally:
+                self._save()
             counts: dict[str, int] = {}
             for record in self._manifest.windows:
                 counts[record.state] = counts.get(record.state, 0) + 1

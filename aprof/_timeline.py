@@ -118,10 +118,12 @@ class Timeline:
         for record, marks in self._windows.values():
             self._record_window(record, marks, end, OPEN_AT_CLOSE)
         self._windows.clear()
-        await self.write_now()
-        self.closed = True
-        if self._executor is not None:
-            self._executor.shutdown(wait=False)
+        try:
+            await self.write_now()
+        finally:  # also when the close is cancelled: the write in flight still completes
+            self.closed = True
+            if self._executor is not None:
+                self._executor.shutdown(wait=False)
 
     @property
     def written(self) -> Written:

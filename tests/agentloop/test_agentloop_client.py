@@ -203,8 +203,9 @@ async def test_generate_needs_an_open_client_and_sane_arguments() -> None:
         LLMClient([])
     with pytest.raises(ValueError, match="timeout_s"):
         LLMClient(["http://x"], timeout_s=0)
-    with pytest.raises(ValueError, match="http://"):
-        LLMClient(["127.0.0.1:8000"])
+    for bad in ("127.0.0.1:8000", "http://"):  # no scheme; no host
+        with pytest.raises(ValueError, match="http"):
+            LLMClient([bad])
     with pytest.raises(ValueError, match="api"):
         LLMClient(["http://x"], api="grpc")  # type: ignore[arg-type]
     async with llm:
