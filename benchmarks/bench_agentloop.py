@@ -3,8 +3,9 @@
 Each loop is agentloop's ``ToolAgentLoop`` (3 turns, a calculator and a search call on the
 first two, ``ScriptedToolCalls`` as the policy) through ``LLMClient`` (balancer, request ids,
 ``prof.request``), with one thing replaced: the HTTP exchange with a server is an in-process
-reply that yields to the event loop once and returns a canned completion, so the loop is as
-CPU-bound as it can be and every cost of aprof shows. Variants, interleaved per round, best of
+reply that returns a canned completion after ``--reply-s`` seconds: 0 (it only yields to the
+event loop) makes the loops as CPU-bound as they can be, so every cost of aprof shows; 1 s is
+the latency of a short answer from a real server. Variants, interleaved per round, best of
 ``--rounds``: no profiler; a profiler whose steps are not profiled (timeline on); every step
 profiled (both replicas captured by ``RecordingTarget``, timeline on). The garbage collector
 is on, as in a real program.
@@ -41,17 +42,21 @@ REPLICAS = ("http://127.0.0.1:9", "http://127.0.0.1:10")  # never contacted
 
 
 class InProcessReplies(LLMClient):
-    """``LLMClient`` with the HTTP exchange replaced by an immediate in-process reply."""
+    """``LLMClient`` with the HTTP exchange replaced by an in-process reply after ``reply_s``."""
+
+    reply_s = 0.0
 
     async def _send(self, replica: int, payload: dict[str, Any], request_id: str | None) -> Answer:
-        await asyncio.sleep(0)  # a reply always comes back through the event loop
+        await asyncio.sleep(self.reply_s)  # a reply always comes back through the event loop
         return Answer(text="the answer is 42", finish_reason="length", completion_tokens=16)
 
 
 VARIANTS = ("profiling off (no profiler)", "aprof, unprofiled steps", "aprof, profiled steps")
 
 
-async def run(variant: str, save: Path, loops: int, turns: int, steps: int) -> float:
+async def run(
+    variant: str, save: Path, loops: int, turns: int, steps: int, reply_s: float
+) -> float:
     """Wall seconds of ``steps`` global steps of ``loops`` concurrent loops."""
     prof = None
     if variant != VARIANTS[0]:
@@ -67,6 +72,7 @@ async def run(variant: str, save: Path, loops: int, turns: int, steps: int) -> f
         for r in range(len(REPLICAS)):
             prof.add_target(RecordingTarget(f"replica_{r}", replica=r))
     llm = InProcessReplies(REPLICAS, prof=prof)
+    llm.reply_s = reply_s
     tools = [calculator, make_search(delay_s=0)]
     loop = ToolAgentLoop(llm, tools, parser=ScriptedToolCalls(2), max_turns=turns, max_tokens=16)
     runner = AgentLoopRunner(loop, concurrency=loops)
@@ -100,29 +106,38 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--reply-s",
+        type=float,
+        nargs="+",
+        default=[0.0, 1.0],
+        help="reply latencies to measure: 0 is the CPU-bound worst case, 1 s a short answer",
+    )
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-
-    best = dict.fromkeys(VARIANTS, float("inf"))
-    with tempfile.TemporaryDirectory() as out:
-        for i in range(args.rounds):
-            for variant in VARIANTS:
-                save = Path(out, f"{VARIANTS.index(variant)}-{i}")
-                wall = asyncio.run(run(variant, save, args.loops, args.turns, args.steps))
-                best[variant] = min(best[variant], wall)
     turns = args.loops * args.turns * args.steps
-    print(
-        f"{args.loops} concurrent ToolAgentLoops x {args.turns} turns x {args.steps} steps, "
-        f"in-process replies, best of {args.rounds}\n"
-    )
-    print("| variant | wall s | vs profiling off | per turn |")
-    print("|---|---:|---:|---:|")
-    off = best[VARIANTS[0]]
-    for variant, wall in best.items():
+    for reply_s in args.reply_s:
+        best = dict.fromkeys(VARIANTS, float("inf"))
+        with tempfile.TemporaryDirectory() as out:
+            for i in range(args.rounds):
+                for variant in VARIANTS:
+                    save = Path(out, f"{VARIANTS.index(variant)}-{i}")
+                    wall = asyncio.run(
+                        run(variant, save, args.loops, args.turns, args.steps, reply_s)
+                    )
+                    best[variant] = min(best[variant], wall)
         print(
-            f"| {variant} | {wall:.2f} | {wall / off - 1:+.1%} | "
-            f"{wall / turns * 1e6:.1f} µs (+{(wall - off) / turns * 1e6:.1f}) |"
+            f"\n{args.loops} concurrent ToolAgentLoops x {args.turns} turns x {args.steps} "
+            f"steps, in-process replies after {reply_s:g} s, best of {args.rounds}\n"
         )
+        print("| variant | wall s | vs profiling off | per turn |")
+        print("|---|---:|---:|---:|")
+        off = best[VARIANTS[0]]
+        for variant, wall in best.items():
+            print(
+                f"| {variant} | {wall:.2f} | {wall / off - 1:+.1%} | "
+                f"{wall / turns * 1e6:.1f} µs (+{(wall - off) / turns * 1e6:.1f}) |"
+            )
 
 
 if __name__ == "__main__":

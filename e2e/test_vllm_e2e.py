@@ -203,8 +203,8 @@ async def test_demo_against_real_vllm(
         version=VERSION,
         model=str(tiny_model),
         port=free_port(),
-        # The third turn's prompt holds two tool results: room beyond SERVER_ARGS' 256.
-        server_args=["--dtype", "float32", "--max-model-len", "1024"],
+        # The third turn's prompt holds two tool results: all the tiny model's 512 positions.
+        server_args=["--dtype", "float32", "--max-model-len", "512"],
     )
     spec = dataclasses.replace(spec, env={**spec.env, **owned_env})
     server = await launch(spec, log_path=tmp_path / "vllm.log", health_timeout_s=HEALTH_TIMEOUT_S)
