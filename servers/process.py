@@ -182,16 +182,10 @@ async def _healthy(session: aiohttp.ClientSession, url: str) -> bool:
 async def _terminate(process: asyncio.subprocess.Process, grace_s: float) -> None:
     group = process.pid
     _signal_group(group, signal.SIGTERM)
-    try:
-        async with asyncio.timeout(grace_s):
-            await process.wait()
-    except TimeoutError:
+    if not await _exits(process, grace_s):
         logger.warning("server ignored SIGTERM; killing it", pid=group, grace_s=grace_s)
         _signal_group(group, signal.SIGKILL)
-        try:
-            async with asyncio.timeout(grace_s):
-                await process.wait()
-        except TimeoutError:
+        if not await _exits(process, grace_s):
             # Stuck in the kernel (uninterruptible I/O): nothing more can be done from here,
             # and a close must not raise for it.
             logger.error("server did not exit after SIGKILL", pid=group, grace_s=grace_s)
@@ -202,6 +196,16 @@ async def _terminate(process: asyncio.subprocess.Process, grace_s: float) -> Non
         _signal_group(group, signal.SIGKILL)
         if await _group_lingers(group, grace_s):
             logger.warning("server's process group survived SIGKILL", pid=group)
+
+
+async def _exits(process: asyncio.subprocess.Process, within_s: float) -> bool:
+    """True once ``process`` has exited, False if it is still running after ``within_s``."""
+    try:
+        async with asyncio.timeout(within_s):
+            await process.wait()
+    except TimeoutError:
+        return False
+    return True
 
 
 def _signal_group(group: int, sig: signal.Signals) -> None:
