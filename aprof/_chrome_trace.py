@@ -9,22 +9,24 @@ Concurrent spans are nestable async slices (``b``/``e``) with one ``id2.local`` 
 in the file: Perfetto puts async slices on one track per (process, name of the slice), so each
 replica's requests, each target's captures and each span name get their own track. Steps never
 overlap, so they are ``X`` slices on the event-loop thread.
+
+Run as a script, this module is the writer process (``aprof/_writer_process.py``).
 """
 
 from __future__ import annotations
 
 import itertools
+import marshal
 import math
 import os
-import threading
+import signal
+import sys
 import time
 import zlib
 from collections.abc import Iterator
 from json.encoder import encode_basestring_ascii as _quote
 from pathlib import Path
-from typing import Any, NamedTuple
-
-from aprof._manifest import Clock
+from typing import Any, NamedTuple, Protocol
 
 Event = tuple[Any, ...]
 """One recorded span, step or window; its first item is one of the kinds below."""
@@ -48,6 +50,21 @@ if that waits for it; without the pause the loop could wait a whole switch inter
 _TF = ("false", "true")
 
 
+class Anchor(Protocol):
+    """The clock anchor: the manifest's ``Clock``, or its two numbers in the writer process."""
+
+    @property
+    def wall_ns(self) -> int: ...
+
+    @property
+    def monotonic_ns(self) -> int: ...
+
+
+class _Clock(NamedTuple):
+    wall_ns: int
+    monotonic_ns: int
+
+
 class Written(NamedTuple):
     """The file as last written: its size, its events and the dropped count it reports."""
 
@@ -57,40 +74,70 @@ class Written(NamedTuple):
 
 
 class ChromeTraceWriter:
-    """Writes timeline events to ``path``; one instance per file, used from one thread."""
+    """Writes timeline events to ``path``; one instance per file, used from one thread.
 
-    def __init__(self, path: Path, *, process: str, clock: Clock) -> None:
+    ``pid`` and ``tid`` are those of the recording process and its event-loop thread;
+    ``pause_s`` is the sleep between pieces, 0 where no event loop shares the GIL.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        process: str,
+        clock: Anchor,
+        pid: int,
+        tid: int,
+        pause_s: float = _PAUSE_S,
+    ) -> None:
         self.path = path
         self.written = Written(0, 0, 0)
         """The file as last written; replaced whole, so another thread reads one write's."""
         self._process = process
         self._clock = clock
-        self._pid = os.getpid()
-        self._tid = threading.get_native_id()
+        self._pid = pid
+        self._tid = tid
+        self._pause_s = pause_s
         self._zip: Any = None  # zlib's compressor type is not importable for annotations
         self._tail = 0
+        self._stream: Any = None  # the next write's: a copy of _zip, taking what add gets
+        self._body: list[bytes] = []
+        self._count = 0
         self._id = itertools.count(1).__next__
         self._base = clock.monotonic_ns
         self._where = f'"pid":{self._pid},"tid":{self._tid}'
         self._names: dict[str, str] = {}
         self._keys: dict[str, str] = {}
 
-    def write(self, events: list[Event], dropped: int) -> int:
-        """Add ``events`` to the file and rewrite it whole; returns the file's size.
+    def add(self, events: list[Event]) -> None:
+        """Turn ``events`` into the next write's compressed JSON.
 
-        Empties ``events``, piece by piece: freeing a whole step's tuples at once would hold
-        the GIL, and stall the event loop, for milliseconds.
+        Empties ``events``, piece by piece: freeing many tuples at once would hold the GIL,
+        and stall the event loop, for milliseconds.
         """
-        size, count = self.written.bytes, self.written.events + len(events)
-        first = self._zip is None
-        # Compress into a copy: a failed write must leave the stream as the file has it.
-        stream = zlib.compressobj(_LEVEL, zlib.DEFLATED, 31) if first else self._zip.copy()
-        body: list[bytes] = []
-        if first:  # 31 above: the gzip container
-            body.append(stream.compress(self._head().encode()))
+        if self._stream is None:
+            # Compress into a copy: a failed write must leave the stream as the file has it.
+            if self._zip is None:  # the first write; 31: the gzip container
+                self._stream = zlib.compressobj(_LEVEL, zlib.DEFLATED, 31)
+                self._body.append(self._stream.compress(self._head().encode()))
+            else:
+                self._stream = self._zip.copy()
+        self._count += len(events)
         for piece in self._pieces(events):
-            body.append(stream.compress(piece.encode()))
-            time.sleep(_PAUSE_S)
+            self._body.append(self._stream.compress(piece.encode()))
+            time.sleep(self._pause_s)
+
+    def discard(self) -> None:
+        """Forget what :meth:`add` took since the last write."""
+        self._stream, self._body, self._count = None, [], 0
+
+    def write(self, dropped: int) -> int:
+        """Rewrite the file whole with what :meth:`add` took since the last write; returns
+        the file's size."""
+        self.add([])
+        stream, body, count = self._stream, self._body, self.written.events + self._count
+        self.discard()
+        first, size = self._zip is None, self.written.bytes
         body.append(stream.flush(zlib.Z_SYNC_FLUSH))
         ending = stream.copy()
         tail = ending.compress(self._foot(count, dropped).encode()) + ending.flush(zlib.Z_FINISH)
@@ -304,3 +351,83 @@ def _keep_previous(path: Path) -> None:
             break
         kept = path.with_name(f"{stem}.{stamp}-{n}.trace.json.gz")
     os.replace(path, kept)
+
+
+# -- the writer process ---------------------------------------------------------------------------
+# ``python -I -S _chrome_trace.py``: run by path, with the standard library only, so that it
+# starts without importing aprof. One such process writes every timeline of the interpreter
+# that started it (``aprof/_writer_process.py``). Through stdin come marshal'd tuples, each
+# after its length (8 bytes, little-endian):
+#   (OPEN, file, path, process, wall_ns, monotonic_ns, pid, tid)   a timeline file to write
+#   (EVENTS, file, [event, ...])                                   for its next write
+#   (WRITE, file, dropped)                                         write it; one answer
+#   (CLOSE, file)                                                  no more writes to it
+# Through stdout go lines: ``ready`` once, then one per WRITE, ``written <bytes> <events>
+# <dropped>`` or ``failed <repr of the error>``.
+
+OPEN, EVENTS, WRITE, CLOSE = range(4)
+
+
+def serve(source: Any, reply: Any) -> None:
+    """Write timelines as ``source`` asks, answering on ``reply``, until ``source`` ends."""
+    writers: dict[int, ChromeTraceWriter] = {}
+    failed: dict[int, Exception] = {}
+    answer = b"ready"
+    while True:
+        if answer:
+            try:
+                reply.write(answer + b"\n")
+                reply.flush()
+            except BrokenPipeError:  # the recording process ended
+                return
+            answer = b""
+        message = _receive(source)
+        if message is None:
+            return
+        kind, file = message[0], message[1]
+        if kind == EVENTS:
+            try:
+                writers[file].add(message[2])
+            except Exception as exc:  # answered at the write they were for
+                failed.setdefault(file, exc)
+        elif kind == WRITE:
+            writer, error = writers[file], failed.pop(file, None)
+            try:
+                if error is not None:
+                    writer.discard()
+                    raise error
+                writer.write(message[2])
+            except Exception as exc:  # costs this write only, as in the recording process
+                answer = f"failed {exc!r}".encode()
+            else:
+                answer = b"written %d %d %d" % writer.written
+        elif kind == OPEN:
+            path, process, wall_ns, monotonic_ns, pid, tid = message[2:]
+            writers[file] = ChromeTraceWriter(
+                Path(path),
+                process=process,
+                clock=_Clock(wall_ns, monotonic_ns),
+                pid=pid,
+                tid=tid,
+                pause_s=0,
+            )
+        elif kind == CLOSE:
+            writers.pop(file, None)
+            failed.pop(file, None)
+
+
+def _receive(source: Any) -> Any:
+    """The next message from ``source``; ``None`` once it ended (maybe in the middle of one)."""
+    # Read whole, then loaded: marshal.load on a file reads it object by object, 20x slower.
+    size = int.from_bytes(source.read(8), "little")
+    data = source.read(size)
+    if not size or len(data) < size:
+        return None
+    return marshal.loads(data)
+
+
+if __name__ == "__main__":
+    # Ctrl-C reaches the whole process group: the recording process closes its timelines then,
+    # and their last writes need this process. It ends when its stdin does.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    serve(sys.stdin.buffer, sys.stdout.buffer)

@@ -92,24 +92,23 @@ class Request:
             timeline.open.remove(self)
         except KeyError:
             return  # ended already, at close
-        events = timeline.events  # Timeline.add, inlined: this is the hot path
-        if len(events) >= timeline.capacity:
-            timeline.dropped += 1
-            return
-        events.append(
-            (
-                REQUEST,
-                self._begin,
-                end,
-                self.replica,
-                self.request_id,
-                self.step,
-                self.gated,
-                self.captured,
-                self.tokens,
-                note,
-            )
+        event = (
+            REQUEST,
+            self._begin,
+            end,
+            self.replica,
+            self.request_id,
+            self.step,
+            self.gated,
+            self.captured,
+            self.tokens,
+            note,
         )
+        events = timeline.events
+        if len(events) < timeline.room:  # Timeline.add's common case, inlined: the hot path
+            events.append(event)
+        else:
+            timeline.add(event)
 
     def forward(self, tokens: int = 0) -> None:
         """Report progress of the request; reported tokens add up."""

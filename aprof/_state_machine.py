@@ -244,7 +244,9 @@ class TargetMachine:
 
     async def _stop_target(self, run: WindowRun) -> CaptureResult | None:
         """Send the stop of an active window; ``None`` when there was none or it failed."""
-        if run.start_task is not None:
+        if run.start_task is not None and not run.start_task.done():
+            # Only when it runs: even on a finished task, asyncio.wait yields to the event
+            # loop, which with thousands of ready tasks delays the next window by a whole pass.
             await asyncio.wait({run.start_task})
         if run.phase is not Phase.ACTIVE:
             return None  # never started: nothing to stop

@@ -1,35 +1,47 @@
 """The timeline recorder: spans as small tuples in a bounded buffer, written off the event loop.
 
 A span is recorded once, when it ends, as one tuple holding its begin and end (monotonic ns);
-the buffer holds at most ``buffer_events`` tuples between two flushes, and what does not fit is
-dropped and counted. Turning the tuples into Chrome trace JSON and gzip happens in one writer
-thread (``aprof/_chrome_trace.py``).
+the timeline takes at most ``buffer_events`` tuples between two writes of its file, and what
+does not fit is dropped and counted. Every ``_BATCH`` tuples, and at each flush, a writer
+thread per timeline hands them to the interpreter's writer process
+(``aprof/_writer_process.py``), which turns them into Chrome trace JSON and gzip
+(``aprof/_chrome_trace.py``) and writes the file at each flush; where that process cannot
+start, the thread does it all.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from aprof._chrome_trace import SPAN, STEP, WINDOW, ChromeTraceWriter, Event, Written
 from aprof._logging import logger
 from aprof._manifest import Clock
+from aprof._writer_process import RemoteFile, WriterProcess
 
 if TYPE_CHECKING:
     from aprof._manifest import WindowRecord
     from aprof._request import Request
 
 AttrValue = str | int | float | bool | None
+_T = TypeVar("_T")
 
 OPEN_AT_CLOSE: Final = "open at close"
 """The note of a span that was still open when the timeline closed."""
 
 now_ns = time.monotonic_ns
+
+_BATCH: Final = 2000
+"""Tuples handed to the writer at a time. Kept until the step's end instead, a step's tuples
+(tens of megabytes at scale) made every full garbage collection of the process slower."""
 """The timeline's clock, the manifest's ``clock.monotonic_ns`` anchors it to wall time."""
 
 
@@ -39,7 +51,10 @@ class Timeline:
     def __init__(self, *, capacity: int, folder: Path, process: str, clock: Clock) -> None:
         self.capacity = capacity
         self.events: list[Event] = []
-        """Recorded since the last flush; never longer than ``capacity``."""
+        """Recorded and not handed to the writer yet; never longer than ``room``."""
+        self.room = min(_BATCH, capacity)
+        """How long ``events`` may grow before :meth:`add` must hand it over or drop."""
+        self._handed = 0  # events handed to the writer since the last flush
         self.dropped = 0
         """Events that did not fit into the buffer, over the whole run."""
         self.open: set[Span | Request] = set()
@@ -48,12 +63,22 @@ class Timeline:
         self.process = process
         self.path = folder / f"{process}.trace.json.gz"
         self._windows: dict[int, tuple[WindowRecord, list[tuple[str, int]]]] = {}
-        self._writer = ChromeTraceWriter(self.path, process=process, clock=clock)
+        self._clock = clock
+        self._pid = os.getpid()
+        self._tid = threading.get_native_id()  # the event loop's, which steps are drawn on
+        self._writer: RemoteFile | ChromeTraceWriter | None = None
         self._executor: ThreadPoolExecutor | None = None
 
     def add(self, event: Event) -> None:
-        """Keep ``event`` if the buffer has room, else count it as dropped."""
-        if len(self.events) < self.capacity:
+        """Keep ``event`` if the timeline has room until its next write, else count it as
+        dropped. Spans and requests append to ``events`` themselves while it has room."""
+        events = self.events
+        if len(events) >= self.room and self._handed + len(events) < self.capacity:
+            self._handed += len(events)
+            self.room = min(_BATCH, self.capacity - self._handed)
+            self.events = []
+            self._submit(self._add, events)
+        if len(self.events) < self.room:
             self.events.append(event)
         else:
             self.dropped += 1
@@ -95,11 +120,40 @@ class Timeline:
         if self.closed:
             return None
         events, self.events = self.events, []
+        self._handed, self.room = 0, min(_BATCH, self.capacity)
+        return self._submit(self._write, events, self.dropped)
+
+    def _submit(self, work: Callable[..., _T], *args: object) -> Future[_T]:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="aprof-timeline")
-        written = self._executor.submit(self._writer.write, events, self.dropped)
-        written.add_done_callback(_log_failure)
-        return written
+        done = self._executor.submit(work, *args)
+        done.add_done_callback(_log_failure)
+        return done
+
+    # -- in the writer thread ---------------------------------------------------------------
+
+    def _writing(self) -> RemoteFile | ChromeTraceWriter:
+        # In the writer thread, so that starting the writer process never delays the loop.
+        if self._writer is None:
+            process, clock, pid, tid = self.process, self._clock, self._pid, self._tid
+            shared = WriterProcess.shared()
+            remote = (
+                None
+                if shared is None
+                else shared.open(self.path, process=process, clock=clock, pid=pid, tid=tid)
+            )
+            self._writer = remote or ChromeTraceWriter(
+                self.path, process=process, clock=clock, pid=pid, tid=tid
+            )
+        return self._writer
+
+    def _add(self, events: list[Event]) -> None:
+        self._writing().add(events)
+
+    def _write(self, events: list[Event], dropped: int) -> int:
+        writer = self._writing()
+        writer.add(events)
+        return writer.write(dropped)
 
     async def write_now(self) -> None:
         """Flush and wait for the write (its errors are logged, not raised)."""
@@ -123,15 +177,18 @@ class Timeline:
         finally:  # also when the close is cancelled: the write in flight still completes
             self.closed = True
             if self._executor is not None:
+                if isinstance(self._writer, RemoteFile):
+                    self._executor.submit(self._writer.close)
                 self._executor.shutdown(wait=False)
 
     @property
     def written(self) -> Written:
         """Size, events and dropped count of the file as last written (0s before that)."""
-        return self._writer.written
+        writer = self._writer
+        return Written(0, 0, 0) if writer is None else writer.written
 
 
-def _log_failure(done: Future[int]) -> None:
+def _log_failure(done: Future[Any]) -> None:
     exc = done.exception()
     if exc is not None:
         logger.warning("timeline write failed", error=repr(exc))
@@ -187,16 +244,15 @@ class Span:
             timeline.open.remove(self)
         except KeyError:
             return  # ended already, at close
-        events = timeline.events  # Timeline.add, inlined: spans end often
-        if len(events) < timeline.capacity:
-            # Keys, then values, flat in the tuple: a tuple holding a dict (or other tuples)
-            # stays tracked by the garbage collector, and full collections walk the buffer.
-            attrs = self._attrs
-            events.append(
-                (SPAN, self._name, self._begin, end, self._step, note, *attrs, *attrs.values())
-            )
+        # Keys, then values, flat in the tuple: a tuple holding a dict (or other tuples) stays
+        # tracked by the garbage collector, and full collections walk the buffer.
+        attrs = self._attrs
+        event = (SPAN, self._name, self._begin, end, self._step, note, *attrs, *attrs.values())
+        events = timeline.events
+        if len(events) < timeline.room:  # Timeline.add's common case, inlined: spans end often
+            events.append(event)
         else:
-            timeline.dropped += 1
+            timeline.add(event)
 
 
 class NullSpan:

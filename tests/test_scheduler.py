@@ -251,6 +251,31 @@ async def test_slow_stop_does_not_hold_the_step_but_holds_the_next_window(
     )
 
 
+async def test_a_stop_reaches_its_target_ahead_of_the_next_steps_queued_work(
+    make_config: MakeConfig,
+) -> None:
+    """Under load the event loop runs every ready task before a task that yields runs again:
+    the stop of a window must not yield needlessly, or the next step's first requests wait
+    a whole pass over thousands of agent loops for their window. A server that answers at
+    once is stopped before the next step's queued loops take their first step."""
+    (target,) = replicas(1)
+    cfg = make_config(global_profiler={"steps": [1, 2]}, rollout={"forward_steps": None})
+    stops_seen: list[int] = []
+
+    async def loop() -> None:
+        stops_seen.append(len(target.stops))
+        await generate(prof, target, 1)
+
+    async with aprof.Profiler(cfg) as prof:
+        prof.add_target(target)
+        async with prof.step(1):
+            await generate(prof, target, 1)
+        async with prof.step(2):
+            await asyncio.gather(*(loop() for _ in range(50)))
+    assert stops_seen == [1] * 50
+    assert_windows(prof.manifest, [{"step": 1, "state": "done"}, {"step": 2, "state": "done"}])
+
+
 async def test_hanging_stop_times_out(make_config: MakeConfig) -> None:
     """A stop that never returns ends as ``timeout`` once ``stop_s`` has passed."""
     (target,) = replicas(1, hang_stop=True)

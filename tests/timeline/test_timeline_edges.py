@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -119,10 +120,14 @@ def test_a_failed_write_leaves_no_temporary_file(tmp_path: Path) -> None:
     writer's numbers at those of the file as last written."""
     folder = tmp_path / "timeline"
     clock = Clock(wall_ns=0, monotonic_ns=0)
-    writer = ChromeTraceWriter(folder / "p.trace.json.gz", process="p", clock=clock)
-    writer.write([(SPAN, "a", 0, 1, None, None)], 0)
+    writer = ChromeTraceWriter(
+        folder / "p.trace.json.gz", process="p", clock=clock, pid=os.getpid(), tid=1
+    )
+    writer.add([(SPAN, "a", 0, 1, None, None)])
+    writer.write(0)
     (folder / "p.trace.json.gz").write_bytes(b"")  # shorter than written: the copy fails
+    writer.add([(SPAN, "b", 2, 3, None, None)])
     with pytest.raises(OSError):
-        writer.write([(SPAN, "b", 2, 3, None, None)], 0)
+        writer.write(0)
     assert [p.name for p in folder.iterdir()] == ["p.trace.json.gz"]
     assert writer.written.events == 1

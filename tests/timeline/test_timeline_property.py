@@ -2,9 +2,9 @@
 
 A program is a set of concurrent tasks, each a tree of nested spans and requests that yield to
 the loop a generated number of times, maybe ending in an exception, with a generated buffer
-size and writes at generated points. Whatever the interleaving, the file must parse, pair
-every ``b`` with an ``e``, keep ids unique among open slices, hold exactly the spans that fit
-the buffer, and count the rest as dropped.
+size, batch size and writes at generated points. Whatever the interleaving, the file must
+parse, pair every ``b`` with an ``e``, keep ids unique among open slices, hold exactly the
+spans that fit the buffer, and count the rest as dropped.
 """
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from timeline_rules import Slice, check_trace, load_trace, timeline_file
 
 import aprof
+from aprof import _timeline
 
 
 @dataclass(frozen=True)
@@ -93,11 +95,15 @@ def within(outer: Slice, inner: Slice) -> bool:
 @given(
     programs=st.lists(nodes, min_size=1, max_size=6),
     buffer=st.integers(1, 40),
+    batch=st.integers(1, 8),
     write_after=st.sets(st.integers(0, 5)),
 )
 def test_any_interleaving_gives_a_valid_file_with_what_fit(
-    programs: list[Node], buffer: int, write_after: set[int]
+    programs: list[Node], buffer: int, batch: int, write_after: set[int]
 ) -> None:
+    """``batch`` stands in for the 2,000 events handed to the writer at a time, so that
+    small programs cross batch boundaries too."""
+
     async def main(save: Path) -> tuple[int, int]:
         cfg = {"global_profiler": {"save_path": str(save)}, "timeline": {"buffer_events": buffer}}
         async with aprof.Profiler(cfg) as prof:
@@ -110,7 +116,7 @@ def test_any_interleaving_gives_a_valid_file_with_what_fit(
         [entry] = prof.manifest.timeline
         return entry.events, entry.dropped
 
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory() as folder, mock.patch.object(_timeline, "_BATCH", batch):
         save = Path(folder)
         events, dropped = asyncio.run(main(save))
         roots = check_trace(load_trace(timeline_file(save)))

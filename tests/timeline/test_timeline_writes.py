@@ -14,7 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from timeline_rules import check_trace, load_trace, timeline_file
+from timeline_rules import (
+    check_trace,
+    ended_within,
+    load_trace,
+    timeline_file,
+    writer_processes,
+)
 
 import aprof
 from aprof.testing import RecordingTarget
@@ -53,6 +59,27 @@ async def test_file_is_complete_after_a_mid_run_write_and_grows(make_config: Mak
     assert not [p.name for p in (prof.save_path / "timeline").iterdir() if p.name.startswith(".")]
 
 
+async def test_spans_go_to_the_writer_in_batches_and_the_buffer_bounds_a_write(
+    make_config: MakeConfig,
+) -> None:
+    """A step of 6,000 spans crosses three batches of 2,000: every span reaches the file, in
+    the order recorded; with ``buffer_events`` 4,500 the write keeps the first 4,500 and
+    counts the rest as dropped, and the next write has room again."""
+    async with aprof.Profiler(make_config(timeline={"buffer_events": 4500})) as prof:
+        for n in (1, 2):
+            async with prof.step(n):
+                for i in range(6000 if n == 1 else 10):
+                    with prof.span(f"s{n}", i=i):
+                        pass
+    trace = load_trace(timeline_file(prof.save_path))
+    spans = [(r.name, r.args["i"]) for r in check_trace(trace) if r.cat == "span"]
+    assert spans == [("s1", i) for i in range(4500)] + [("s2", i) for i in range(10)]
+    [entry] = prof.manifest.timeline
+    # Step 1's own slice, recorded as the step ends, is dropped with the last 1,500 spans.
+    assert [e["name"] for e in trace["traceEvents"] if e["ph"] == "X"] == ["step 2"]
+    assert (entry.events, entry.dropped) == (4500 + 10 + 1, 1501)
+
+
 DRIVER = """
 import asyncio, sys
 import aprof
@@ -77,19 +104,23 @@ asyncio.run(main(sys.argv[1]))
 
 def test_a_killed_run_keeps_its_last_written_timeline(tmp_path: Path) -> None:
     """SIGKILL after a write: the file on disk is that write, complete and valid, and the
-    manifest lists it."""
+    manifest lists it; the writer process sees its stdin end and ends too."""
     script, save = tmp_path / "driver.py", tmp_path / "profile"
     script.write_text(DRIVER)
     proc = subprocess.Popen(
         [sys.executable, str(script), str(save)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
+    writers: list[int] = []
     try:
         assert proc.stdout is not None
         ready, _, _ = select.select([proc.stdout], [], [], 60)
         line = proc.stdout.readline() if ready else b""
         assert line == b"FLUSHED\n", proc.stderr.read() if proc.poll() is not None else line
+        writers = [os.pidfd_open(pid) for pid in writer_processes(proc.pid)]
+        assert len(writers) == 1
         proc.send_signal(signal.SIGKILL)
         assert proc.wait(timeout=30) == -signal.SIGKILL
+        assert ended_within(writers, 30)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -97,6 +128,8 @@ def test_a_killed_run_keeps_its_last_written_timeline(tmp_path: Path) -> None:
         for stream in (proc.stdout, proc.stderr):
             assert stream is not None
             stream.close()
+        for fd in writers:
+            os.close(fd)
     assert names(save) == ["kept"] * 50
     [entry] = aprof.load_manifest(save).timeline
     assert entry.events == 51 and entry.bytes == timeline_file(save).stat().st_size

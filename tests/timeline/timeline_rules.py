@@ -10,6 +10,8 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+import select
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,3 +119,28 @@ def timeline_file(save_path: Path) -> Path:
     """The one timeline file under ``save_path``."""
     (path,) = (save_path / "timeline").glob("*.trace.json.gz")
     return path
+
+
+def writer_processes(parent: int) -> list[int]:
+    """The pids of the running timeline writer processes that ``parent`` started."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            status = (entry / "status").read_text()
+            command = (entry / "cmdline").read_bytes()  # empty once it ended
+        except OSError:  # not a process, or one that ended meanwhile
+            continue
+        if f"\nPPid:\t{parent}\n" in status and b"_chrome_trace.py" in command:
+            found.append(int(entry.name))
+    return found
+
+
+def ended_within(pidfds: list[int], timeout_s: float) -> bool:
+    """Whether the processes of ``pidfds`` (``os.pidfd_open``) all end within ``timeout_s``."""
+    waiting, until = set(pidfds), time.monotonic() + timeout_s
+    while waiting:
+        ready, _, _ = select.select(list(waiting), [], [], max(0.0, until - time.monotonic()))
+        if not ready:
+            return False
+        waiting -= set(ready)
+    return True

@@ -1,0 +1,202 @@
+"""The timeline writer process: one child per interpreter that writes all of its timeline files.
+
+Formatting and compressing an event costs about 2 µs, and in a thread of the recording process
+that time holds the GIL its event loop needs. The child does it instead; the recording process
+only marshals the event tuples (about 0.15 µs each, freeing them included), a batch at a time
+while the run goes on, and writes them into the child's stdin; the child turns each batch into
+compressed JSON as it comes and writes the file when asked. The child starts at the first
+write of the interpreter, serves every timeline after that, and ends when its stdin does:
+when the interpreter exits, or when the recording process ends in any way, SIGKILL included.
+Its side of the protocol is ``aprof._chrome_trace.serve``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import itertools
+import marshal
+import os
+import select
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import IO, ClassVar, Final
+
+from aprof import _chrome_trace
+from aprof._chrome_trace import CLOSE, EVENTS, OPEN, WRITE, Anchor, Event, Written
+from aprof._logging import logger
+
+_START_S: Final = 30.0
+"""How long the child may take to say it is ready."""
+_END_S: Final = 10.0
+"""How long the child may take to end at exit, once its stdin is closed."""
+
+
+class WriterProcess:
+    """The child process writing this interpreter's timelines; safe to use from any thread."""
+
+    _shared: ClassVar[WriterProcess | None] = None
+    _starting: ClassVar = threading.Lock()
+
+    def __init__(self, proc: subprocess.Popen[bytes], send: IO[bytes], answers: IO[bytes]) -> None:
+        self._proc = proc
+        self._send = send
+        self._answers = answers
+        self._pid = os.getpid()  # a forked child process needs its own writer
+        self._lock = threading.Lock()  # one exchange at a time
+        self._files = itertools.count(1).__next__
+        self.ended = False
+
+    @classmethod
+    def shared(cls) -> WriterProcess | None:
+        """The running writer process, started now if there is none; ``None`` (logged) if it
+        cannot start."""
+        with cls._starting:
+            shared = cls._shared
+            if shared is None or shared.ended or shared._pid != os.getpid():
+                shared = cls._shared = cls._start()
+            return shared
+
+    @classmethod
+    def _start(cls) -> WriterProcess | None:
+        command = [sys.executable, "-I", "-S", _chrome_trace.__file__]
+        try:
+            proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        except (OSError, ValueError) as exc:
+            logger.warning("timeline writer process failed to start", error=repr(exc))
+            return None
+        assert proc.stdin is not None and proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], _START_S)
+        answer = proc.stdout.readline() if ready else b""
+        if answer != b"ready\n":
+            logger.warning("timeline writer process failed to start", error=repr(answer))
+            _end(proc, proc.stdin, proc.stdout, 0)
+            return None
+        writer = cls(proc, proc.stdin, proc.stdout)
+        atexit.register(writer.close)
+        return writer
+
+    def open(
+        self, path: Path, *, process: str, clock: Anchor, pid: int, tid: int
+    ) -> RemoteFile | None:
+        """A handle for writing ``path`` through this process; ``None`` if it has ended."""
+        file = self._files()
+        setup = (OPEN, file, str(path.absolute()), process, clock.wall_ns, clock.monotonic_ns)
+        try:
+            with self._lock:
+                self._send.write(_framed(marshal.dumps((*setup, pid, tid))))
+                self._send.flush()
+        except OSError:
+            self.ended = True
+            return None
+        return RemoteFile(self, file)
+
+    def add(self, file: int, events: list[Event]) -> None:
+        """Send ``events`` for the next write of ``file``; empties the list."""
+        data = _marshal(EVENTS, file, events)
+        events.clear()
+        with self._lock:
+            try:
+                self._send.write(_framed(data))
+            except OSError:
+                self.ended = True  # the write that follows says so
+
+    def write(self, file: int, dropped: int) -> Written:
+        """Have ``file`` written with what :meth:`add` sent since its last write; waits for
+        the child's answer."""
+        with self._lock:
+            try:
+                self._send.write(_framed(marshal.dumps((WRITE, file, dropped))))
+                self._send.flush()
+                answer = self._answers.readline().decode()
+            except OSError:
+                answer = ""
+            kind, _, rest = answer.rstrip("\n").partition(" ")
+            if kind == "written":
+                size, count, reported = map(int, rest.split())
+                return Written(size, count, reported)
+            if kind == "failed":
+                raise OSError(rest)
+            self.ended = True
+            raise OSError(f"the timeline writer process ended (exit code {self._proc.poll()})")
+
+    def forget(self, file: int) -> None:
+        """Tell the child that ``file`` gets no more writes."""
+        with self._lock, contextlib.suppress(OSError):
+            self._send.write(_framed(marshal.dumps((CLOSE, file))))
+            self._send.flush()
+
+    def close(self) -> None:
+        """End the child once its writes are done; killed if it takes longer than ``_END_S``."""
+        self.ended = True
+        with self._lock:
+            _end(self._proc, self._send, self._answers, _END_S)
+
+
+class RemoteFile:
+    """One timeline file written by the writer process; used from one thread."""
+
+    def __init__(self, process: WriterProcess, file: int) -> None:
+        self._process = process
+        self._file = file
+        self.written = Written(0, 0, 0)
+        """The file as last written; replaced whole, so another thread reads one write's."""
+
+    def add(self, events: list[Event]) -> None:
+        """Hand ``events`` to the next write (emptying the list)."""
+        self._process.add(self._file, events)
+
+    def write(self, dropped: int) -> int:
+        """Rewrite the file with what :meth:`add` took since the last write; returns its size."""
+        self.written = self._process.write(self._file, dropped)
+        return self.written.bytes
+
+    def close(self) -> None:
+        """No more writes to this file."""
+        self._process.forget(self._file)
+
+
+def _end(proc: subprocess.Popen[bytes], send: IO[bytes], answers: IO[bytes], wait_s: float) -> None:
+    with contextlib.suppress(OSError):  # raised if it has ended already
+        send.close()  # its stdin ends: it returns
+    try:
+        proc.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    answers.close()
+
+
+def _framed(data: bytes) -> bytes:
+    return len(data).to_bytes(8, "little") + data
+
+
+def _marshal(kind: int, file: int, events: list[Event]) -> bytes:
+    try:
+        return marshal.dumps((kind, file, events))
+    except ValueError:  # an attribute of a type marshal does not take
+        return marshal.dumps((kind, file, list(map(_plain_event, events))))
+
+
+def _plain_event(event: Event) -> Event:
+    try:
+        marshal.dumps(event)
+    except ValueError:
+        return tuple(map(_plain, event))
+    return event  # windows among them: their marks are tuples, kept
+
+
+def _plain(value: object) -> object:
+    """``value`` as a type marshal takes, shown the same way in the file (``_scalar``)."""
+    match value:
+        case None | bool():
+            return value
+        case str():
+            return str.__str__(value)
+        case int():
+            return int.__int__(value)
+        case float():
+            return float.__float__(value)
+    return str(value)

@@ -1,0 +1,196 @@
+"""The writer process: the recording process hands it the events and it writes the files. One
+serves every profiler of an interpreter and ends with it; one that dies costs its timelines
+only; where none can start, the writer thread writes the same file; attribute values marshal
+does not take are written as the thread would write them."""
+
+from __future__ import annotations
+
+import enum
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from timeline_rules import check_trace, ended_within, load_trace, timeline_file, writer_processes
+
+import aprof
+from aprof._writer_process import WriterProcess
+from aprof.testing import RecordingTarget
+
+MakeConfig = Callable[..., aprof.ProfilerConfig]
+
+
+def spans(save_path: Path) -> dict[str, dict[str, object]]:
+    """The args of each top-level span of the run's timeline, by name."""
+    roots = check_trace(load_trace(timeline_file(save_path)))
+    return {r.name: r.args for r in roots if r.cat == "span"}
+
+
+TWO_PROFILERS = """
+import asyncio, sys
+import aprof
+
+async def run(save, name):
+    cfg = {"global_profiler": {"save_path": save}, "log": {"level": "error"}}
+    async with aprof.Profiler(cfg) as prof:
+        with prof.span(name):
+            pass
+        await prof.flush_timeline()
+        return prof
+
+async def main(first, second):
+    await asyncio.gather(run(first, "first"), run(second, "second"))
+    print("CLOSED", flush=True)
+    sys.stdin.read()  # until the test closes it
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+def test_one_writer_process_serves_the_interpreter_and_ends_with_it(tmp_path: Path) -> None:
+    """Two profilers of one process write through one writer process; it outlives their
+    close (the next profiler needs no new one) and ends when the process exits."""
+    script = tmp_path / "driver.py"
+    script.write_text(TWO_PROFILERS)
+    first, second = tmp_path / "first", tmp_path / "second"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(first), str(second)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    writers: list[int] = []
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        line = proc.stdout.readline() if ready else b""
+        assert line == b"CLOSED\n", proc.stderr.read() if proc.poll() is not None else line
+        writers = [os.pidfd_open(pid) for pid in writer_processes(proc.pid)]
+        assert len(writers) == 1
+        proc.stdin.close()
+        assert proc.wait(timeout=30) == 0
+        assert ended_within(writers, 30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for fd in writers:
+            os.close(fd)
+        for stream in (proc.stdout, proc.stderr):
+            assert stream is not None
+            stream.close()
+    assert list(spans(first)) == ["first"]
+    assert list(spans(second)) == ["second"]
+
+
+async def test_a_writer_process_that_dies_costs_its_timelines_only(
+    make_config: MakeConfig, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Killed after a write: later writes of that timeline fail and are logged, the file stays
+    that write, the manifest describes it, the run and its windows go on; the next profiler
+    gets a new writer process."""
+    async with aprof.Profiler(make_config()) as prof:
+        prof.add_target(RecordingTarget("replica_0", replica=0))
+        with prof.span("written"):
+            pass
+        await prof.flush_timeline()
+        [pid] = writer_processes(os.getpid())
+        writer = os.pidfd_open(pid)
+        try:
+            os.kill(pid, signal.SIGKILL)
+            assert ended_within([writer], 30)
+        finally:
+            os.close(writer)
+        async with prof.step(1), prof.request(replica=0) as req, prof.span("lost"):
+            assert req.captured
+        await prof.flush_timeline()
+    assert "timeline write failed" in capsys.readouterr().err
+    assert list(spans(prof.save_path)) == ["written"]
+    manifest = aprof.load_manifest(prof.save_path)
+    assert [w.state for w in manifest.windows] == ["done"]
+    assert [(e.events, e.bytes) for e in manifest.timeline] == [
+        (1, timeline_file(prof.save_path).stat().st_size)
+    ]
+    cfg = make_config(global_profiler={"save_path": str(tmp_path / "next")})
+    async with aprof.Profiler(cfg) as after:
+        with after.span("next"):
+            pass
+    assert list(spans(after.save_path)) == ["next"]
+    assert [p for p in writer_processes(os.getpid()) if p != pid]
+
+
+@pytest.mark.parametrize(
+    "executable",
+    [str(Path(sys.executable).with_name("no-such-python")), shutil.which("true")],
+    ids=["missing", "exits at once"],
+)
+async def test_without_a_writer_process_the_thread_writes_the_file(
+    make_config: MakeConfig,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    executable: str,
+) -> None:
+    """An interpreter that cannot be started, or a program that never answers: logged, and
+    the writer thread writes the file, in the same format, through the close."""
+    monkeypatch.setattr(WriterProcess, "_shared", None)  # as if none had started yet
+    monkeypatch.setattr(sys, "executable", executable)
+    before = writer_processes(os.getpid())
+    async with aprof.Profiler(make_config()) as prof:
+        async with prof.step(1):
+            with prof.span("turn", n=1):
+                pass
+        await prof.flush_timeline()
+        with prof.span("after"):
+            pass
+    assert "timeline writer process failed to start" in capsys.readouterr().err
+    assert writer_processes(os.getpid()) == before
+    assert spans(prof.save_path) == {"turn": {"n": 1, "step": 1}, "after": {"step": None}}
+    [entry] = aprof.load_manifest(prof.save_path).timeline
+    assert entry.events == 3
+
+
+class Level(enum.IntEnum):
+    HIGH = 3
+
+
+class Color(enum.StrEnum):
+    RED = "red"
+
+
+class Ratio(float):
+    pass
+
+
+async def test_values_marshal_does_not_take_are_written_as_their_plain_form(
+    make_config: MakeConfig,
+) -> None:
+    """Enums, float subclasses and other objects reach the writer process as the values the
+    file shows for them; the spans around them in the same write are unchanged."""
+    async with aprof.Profiler(make_config()) as prof:
+        with prof.span("plain", pair=(1, "a")):  # not an AttrValue: written as its str
+            pass
+        with prof.span(
+            "other",
+            level=Level.HIGH,
+            color=Color.RED,
+            ratio=Ratio(0.5),
+            where=Path("/x"),
+            pair=(1, "a"),
+        ):
+            pass
+    assert spans(prof.save_path) == {
+        "plain": {"pair": "(1, 'a')", "step": None},
+        "other": {
+            "level": 3,
+            "color": "red",
+            "ratio": 0.5,
+            "where": "/x",
+            "pair": "(1, 'a')",
+            "step": None,
+        },
+    }
