@@ -38,11 +38,11 @@ OPEN_AT_CLOSE: Final = "open at close"
 """The note of a span that was still open when the timeline closed."""
 
 now_ns = time.monotonic_ns
+"""The timeline's clock, the manifest's ``clock.monotonic_ns`` anchors it to wall time."""
 
 _BATCH: Final = 2000
 """Tuples handed to the writer at a time. Kept until the step's end instead, a step's tuples
 (tens of megabytes at scale) made every full garbage collection of the process slower."""
-"""The timeline's clock, the manifest's ``clock.monotonic_ns`` anchors it to wall time."""
 
 
 class Timeline:

@@ -32,6 +32,9 @@ _START_S: Final = 30.0
 """How long the child may take to say it is ready."""
 _END_S: Final = 10.0
 """How long the child may take to end at exit, once its stdin is closed."""
+_WRITE_S: Final = 120.0
+"""How long one write may take in the child before it counts as stuck and is killed: the
+writer thread, and the profiler's close that waits for it, must not wait forever."""
 
 
 class WriterProcess:
@@ -110,9 +113,15 @@ class WriterProcess:
             try:
                 self._send.write(_framed(marshal.dumps((WRITE, file, dropped))))
                 self._send.flush()
-                answer = self._answers.readline().decode()
+                # One line answers each write, so nothing waits in the reader's buffer.
+                ready, _, _ = select.select([self._answers], [], [], _WRITE_S)
+                answer = self._answers.readline().decode() if ready else None
             except OSError:
                 answer = ""
+            if answer is None:
+                self.ended = True
+                self._proc.kill()
+                raise OSError(f"the timeline writer process did not write within {_WRITE_S:g} s")
             kind, _, rest = answer.rstrip("\n").partition(" ")
             if kind == "written":
                 size, count, reported = map(int, rest.split())
@@ -131,6 +140,8 @@ class WriterProcess:
     def close(self) -> None:
         """End the child once its writes are done; killed if it takes longer than ``_END_S``."""
         self.ended = True
+        if self._pid != os.getpid():
+            return  # a forked copy: the child and its pipes are the parent's to end
         with self._lock:
             _end(self._proc, self._send, self._answers, _END_S)
 

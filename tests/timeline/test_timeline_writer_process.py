@@ -19,6 +19,7 @@ import pytest
 from timeline_rules import check_trace, ended_within, load_trace, timeline_file, writer_processes
 
 import aprof
+from aprof import _writer_process
 from aprof._writer_process import WriterProcess
 from aprof.testing import RecordingTarget
 
@@ -122,6 +123,31 @@ async def test_a_writer_process_that_dies_costs_its_timelines_only(
             pass
     assert list(spans(after.save_path)) == ["next"]
     assert [p for p in writer_processes(os.getpid()) if p != pid]
+
+
+async def test_a_stuck_writer_process_is_killed_and_the_close_goes_on(
+    make_config: MakeConfig, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer process that stops answering (SIGSTOP stands in for a hung disk) is killed
+    after the write bound: the write fails and is logged, the profiler closes, the file keeps
+    its last write."""
+    monkeypatch.setattr(_writer_process, "_WRITE_S", 0.5)
+    async with aprof.Profiler(make_config()) as prof:
+        with prof.span("written"):
+            pass
+        await prof.flush_timeline()
+        [pid] = writer_processes(os.getpid())
+        writer = os.pidfd_open(pid)
+        try:
+            os.kill(pid, signal.SIGSTOP)
+            with prof.span("lost"):
+                pass
+            await prof.flush_timeline()
+            assert ended_within([writer], 30)
+        finally:
+            os.close(writer)
+    assert "did not write within 0.5 s" in capsys.readouterr().err
+    assert list(spans(prof.save_path)) == ["written"]
 
 
 @pytest.mark.parametrize(
