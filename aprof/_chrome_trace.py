@@ -391,8 +391,10 @@ def serve(source: Any, reply: Any) -> None:
             except Exception as exc:  # answered at the write they were for
                 failed.setdefault(file, exc)
         elif kind == WRITE:
-            writer, error = writers[file], failed.pop(file, None)
+            writer, error = writers.get(file), failed.pop(file, None)
             try:
+                if writer is None:
+                    raise LookupError(f"no timeline file {file} was opened")
                 if error is not None:
                     writer.discard()
                     raise error

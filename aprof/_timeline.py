@@ -72,6 +72,8 @@ class Timeline:
     def add(self, event: Event) -> None:
         """Keep ``event`` if the timeline has room until its next write, else count it as
         dropped. Spans and requests append to ``events`` themselves while it has room."""
+        if self.closed:
+            return  # its last write is done (room is 0 then, so spans and requests come here)
         events = self.events
         if len(events) >= self.room and self._handed + len(events) < self.capacity:
             self._handed += len(events)
@@ -160,7 +162,9 @@ class Timeline:
         written = self.flush()
         if written is not None:
             with contextlib.suppress(Exception):  # logged by _log_failure
-                await asyncio.wrap_future(written)
+                # Shielded: a cancelled wait must not cancel a write still queued, which
+                # holds events taken out of the buffer.
+                await asyncio.shield(asyncio.wrap_future(written))
 
     async def aclose(self) -> None:
         """End what is still open (noting so), write the file a last time, stop the writer."""
@@ -175,7 +179,7 @@ class Timeline:
         try:
             await self.write_now()
         finally:  # also when the close is cancelled: the write in flight still completes
-            self.closed = True
+            self.closed, self.room = True, 0
             if self._executor is not None:
                 if isinstance(self._writer, RemoteFile):
                     self._executor.submit(self._writer.close)

@@ -146,6 +146,28 @@ class WriterProcess:
             _end(self._proc, self._send, self._answers, _END_S)
 
 
+def _forget_in_fork() -> None:
+    # A forked copy of the recording process must not keep the pipes open: the writer
+    # process ends when the last holder of its stdin closes it, and a long-lived fork (a data
+    # loader worker) would keep it alive after the recording process ended. The pipes are
+    # pointed at /dev/null rather than closed, so their file objects stay harmless.
+    shared, WriterProcess._shared = WriterProcess._shared, None
+    WriterProcess._starting = threading.Lock()  # it may have been held by another thread
+    if shared is None:
+        return
+    shared.ended = True
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        for stream in (shared._send, shared._answers):
+            with contextlib.suppress(OSError, ValueError):
+                os.dup2(null, stream.fileno())
+    finally:
+        os.close(null)
+
+
+os.register_at_fork(after_in_child=_forget_in_fork)
+
+
 class RemoteFile:
     """One timeline file written by the writer process; used from one thread."""
 

@@ -5,6 +5,7 @@ does not take are written as the thread would write them."""
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import os
 import select
@@ -89,6 +90,61 @@ def test_one_writer_process_serves_the_interpreter_and_ends_with_it(tmp_path: Pa
     assert list(spans(second)) == ["second"]
 
 
+FORKING = """
+import asyncio, os, sys
+import aprof
+
+async def main(save):
+    cfg = {"global_profiler": {"save_path": save}, "log": {"level": "error"}}
+    async with aprof.Profiler(cfg) as prof:
+        with prof.span("before the fork"):
+            pass
+        await prof.flush_timeline()
+    if os.fork() == 0:  # a worker that outlives the recording process
+        sys.stdin.read()
+        os._exit(0)
+    print("FORKED", flush=True)
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_a_fork_does_not_keep_the_writer_process_alive(tmp_path: Path) -> None:
+    """The writer process ends with the recording process even while a fork of it lives on
+    (the fork's copies of the pipes are let go at the fork)."""
+    script = tmp_path / "driver.py"
+    script.write_text(FORKING)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "profile")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    writers: list[int] = []
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        line = proc.stdout.readline() if ready else b""
+        assert line == b"FORKED\n", proc.stderr.read() if proc.poll() is not None else line
+        writers = [os.pidfd_open(pid) for pid in writer_processes(proc.pid)]
+        assert len(writers) == 1
+        proc.send_signal(signal.SIGKILL)  # the fork, reading the same stdin, lives on
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+        assert ended_within(writers, 30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for fd in writers:
+            os.close(fd)
+        assert proc.stdin is not None
+        proc.stdin.close()  # the fork's stdin ends: it exits
+        for stream in (proc.stdout, proc.stderr):
+            assert stream is not None
+            stream.close()
+    assert list(spans(tmp_path / "profile")) == ["before the fork"]
+
+
 async def test_a_writer_process_that_dies_costs_its_timelines_only(
     make_config: MakeConfig, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -148,6 +204,38 @@ async def test_a_stuck_writer_process_is_killed_and_the_close_goes_on(
             os.close(writer)
     assert "did not write within 0.5 s" in capsys.readouterr().err
     assert list(spans(prof.save_path)) == ["written"]
+
+
+async def test_a_cancelled_flush_still_writes_what_it_took(make_config: MakeConfig) -> None:
+    """A flush cancelled while its write waits behind another (the writer process is held
+    with SIGSTOP meanwhile) is still written: its spans reach the file and are counted."""
+    async with aprof.Profiler(make_config()) as prof:
+        await prof.flush_timeline()  # the writer process exists from here on
+        [pid] = writer_processes(os.getpid())
+        waiting = asyncio.Event()
+
+        async def cancelled_flush() -> None:
+            with prof.span("taken by the cancelled flush"):
+                pass
+            waiting.set()
+            await prof.flush_timeline()  # queued behind the held write below
+
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            held = asyncio.create_task(prof.flush_timeline())
+            cancelled = asyncio.create_task(cancelled_flush())
+            async with asyncio.timeout(30):
+                await waiting.wait()
+            cancelled.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await cancelled
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        async with asyncio.timeout(30):
+            await held
+            await prof.flush_timeline()
+        assert prof.manifest.timeline[0].events == 1
+    assert list(spans(prof.save_path)) == ["taken by the cancelled flush"]
 
 
 @pytest.mark.parametrize(

@@ -228,3 +228,19 @@ async def test_an_earlier_runs_timeline_is_kept(make_config: MakeConfig) -> None
         ["second"],
         ["first"],
     ]
+
+
+async def test_spans_ending_after_close_are_ignored_however_many(
+    make_config: MakeConfig,
+) -> None:
+    """More spans than a batch ending after the close neither raise in the code that ends
+    them nor change the file."""
+    async with aprof.Profiler(make_config()) as prof:
+        with prof.span("before close"):
+            pass
+    before = timeline_file(prof.save_path).read_bytes()
+    for i in range(2500):
+        with prof.span("after close", i=i):
+            pass
+    assert timeline_file(prof.save_path).read_bytes() == before
+    assert names(prof.save_path) == ["before close"]
