@@ -21,6 +21,7 @@ import select
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import IO, ClassVar, Final
 
@@ -33,8 +34,9 @@ _START_S: Final = 30.0
 _END_S: Final = 10.0
 """How long the child may take to end at exit, once its stdin is closed."""
 _WRITE_S: Final = 120.0
-"""How long one write may take in the child before it counts as stuck and is killed: the
-writer thread, and the profiler's close that waits for it, must not wait forever."""
+"""How long the child may take to take a message in, or to answer a write, before it counts
+as stuck and is killed: the writer thread, and the profiler's close that waits for it, must
+not wait forever."""
 
 
 class WriterProcess:
@@ -46,11 +48,13 @@ class WriterProcess:
     def __init__(self, proc: subprocess.Popen[bytes], send: IO[bytes], answers: IO[bytes]) -> None:
         self._proc = proc
         self._send = send
+        os.set_blocking(send.fileno(), False)  # sends are bounded (_deliver), never buffered
         self._answers = answers
         self._pid = os.getpid()  # a forked child process needs its own writer
         self._lock = threading.Lock()  # one exchange at a time
         self._files = itertools.count(1).__next__
         self.ended = False
+        self._why = "the timeline writer process ended"  # what later sends and writes raise
 
     @classmethod
     def shared(cls) -> WriterProcess | None:
@@ -89,10 +93,8 @@ class WriterProcess:
         setup = (OPEN, file, str(path.absolute()), process, clock.wall_ns, clock.monotonic_ns)
         try:
             with self._lock:
-                self._send.write(_framed(marshal.dumps((*setup, pid, tid))))
-                self._send.flush()
+                self._deliver(marshal.dumps((*setup, pid, tid)))
         except OSError:
-            self.ended = True
             return None
         return RemoteFile(self, file)
 
@@ -100,28 +102,23 @@ class WriterProcess:
         """Send ``events`` for the next write of ``file``; empties the list."""
         data = _marshal(EVENTS, file, events)
         events.clear()
-        with self._lock:
-            try:
-                self._send.write(_framed(data))
-            except OSError:
-                self.ended = True  # the write that follows says so
+        with self._lock, contextlib.suppress(OSError):  # the write that follows says so
+            self._deliver(data)
 
     def write(self, file: int, dropped: int) -> Written:
         """Have ``file`` written with what :meth:`add` sent since its last write; waits for
         the child's answer."""
         with self._lock:
+            self._deliver(marshal.dumps((WRITE, file, dropped)))
             try:
-                self._send.write(_framed(marshal.dumps((WRITE, file, dropped))))
-                self._send.flush()
                 # One line answers each write, so nothing waits in the reader's buffer.
                 ready, _, _ = select.select([self._answers], [], [], _WRITE_S)
                 answer = self._answers.readline().decode() if ready else None
             except OSError:
                 answer = ""
             if answer is None:
-                self.ended = True
-                self._proc.kill()
-                raise OSError(f"the timeline writer process did not write within {_WRITE_S:g} s")
+                self._kill(f"the timeline writer process did not write within {_WRITE_S:g} s")
+                raise OSError(self._why)
             kind, _, rest = answer.rstrip("\n").partition(" ")
             if kind == "written":
                 size, count, reported = map(int, rest.split())
@@ -134,8 +131,30 @@ class WriterProcess:
     def forget(self, file: int) -> None:
         """Tell the child that ``file`` gets no more writes."""
         with self._lock, contextlib.suppress(OSError):
-            self._send.write(_framed(marshal.dumps((CLOSE, file))))
-            self._send.flush()
+            self._deliver(marshal.dumps((CLOSE, file)))
+
+    def _deliver(self, message: bytes) -> None:
+        """Send one message whole (under the lock); ``OSError`` if the child ended or did not
+        take it within ``_WRITE_S`` (then it is killed)."""
+        if self.ended:
+            raise OSError(self._why)
+        data = memoryview(_framed(message))
+        fd, until = self._send.fileno(), time.monotonic() + _WRITE_S
+        try:
+            while data:
+                _, ready, _ = select.select([], [fd], [], max(0.0, until - time.monotonic()))
+                if not ready:
+                    self._kill(f"the timeline writer process took nothing in for {_WRITE_S:g} s")
+                    raise OSError(self._why)
+                with contextlib.suppress(BlockingIOError):  # another holder filled the pipe
+                    data = data[os.write(fd, data) :]
+        except OSError:
+            self.ended = True
+            raise
+
+    def _kill(self, why: str) -> None:
+        self.ended, self._why = True, why
+        self._proc.kill()
 
     def close(self) -> None:
         """End the child once its writes are done; killed if it takes longer than ``_END_S``."""

@@ -238,6 +238,31 @@ async def test_a_cancelled_flush_still_writes_what_it_took(make_config: MakeConf
     assert list(spans(prof.save_path)) == ["taken by the cancelled flush"]
 
 
+async def test_a_writer_process_that_takes_nothing_in_is_killed_and_the_close_goes_on(
+    make_config: MakeConfig, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped (SIGSTOP) while more spans than its pipe holds are sent to it: the send gives
+    up after the bound and kills it; the profiler closes, the file keeps its last write."""
+    monkeypatch.setattr(_writer_process, "_WRITE_S", 0.5)
+    async with aprof.Profiler(make_config()) as prof:
+        with prof.span("written"):
+            pass
+        await prof.flush_timeline()
+        [pid] = writer_processes(os.getpid())
+        writer = os.pidfd_open(pid)
+        try:
+            os.kill(pid, signal.SIGSTOP)
+            for i in range(20_000):  # about a megabyte marshalled: more than a pipe holds
+                with prof.span("lost", i=i):
+                    pass
+            await prof.flush_timeline()
+            assert ended_within([writer], 30)
+        finally:
+            os.close(writer)
+    assert "took nothing in for 0.5 s" in capsys.readouterr().err
+    assert list(spans(prof.save_path)) == ["written"]
+
+
 @pytest.mark.parametrize(
     "executable",
     [str(Path(sys.executable).with_name("no-such-python")), shutil.which("true")],
