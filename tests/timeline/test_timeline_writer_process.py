@@ -252,7 +252,7 @@ async def test_a_writer_process_that_takes_nothing_in_is_killed_and_the_close_go
         writer = os.pidfd_open(pid)
         try:
             os.kill(pid, signal.SIGSTOP)
-            for i in range(20_000):  # about a megabyte marshalled: more than a pipe holds
+            for i in range(50_000):  # about 3 MB marshalled: more than its 1 MiB pipe holds
                 with prof.span("lost", i=i):
                     pass
             await prof.flush_timeline()
