@@ -8,16 +8,21 @@ from __future__ import annotations
 import asyncio
 import enum
 import os
-import select
 import shutil
 import signal
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from timeline_rules import check_trace, ended_within, load_trace, timeline_file, writer_processes
+from timeline_rules import (
+    check_trace,
+    driver,
+    ended_within,
+    load_trace,
+    timeline_file,
+    writer_processes,
+)
 
 import aprof
 from aprof import _writer_process
@@ -57,35 +62,14 @@ asyncio.run(main(sys.argv[1], sys.argv[2]))
 def test_one_writer_process_serves_the_interpreter_and_ends_with_it(tmp_path: Path) -> None:
     """Two profilers of one process write through one writer process; it outlives their
     close (the next profiler needs no new one) and ends when the process exits."""
-    script = tmp_path / "driver.py"
-    script.write_text(TWO_PROFILERS)
     first, second = tmp_path / "first", tmp_path / "second"
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(first), str(second)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    writers: list[int] = []
-    try:
-        assert proc.stdin is not None and proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], 60)
-        line = proc.stdout.readline() if ready else b""
-        assert line == b"CLOSED\n", proc.stderr.read() if proc.poll() is not None else line
-        writers = [os.pidfd_open(pid) for pid in writer_processes(proc.pid)]
+    script = tmp_path / "driver.py"
+    with driver(script, TWO_PROFILERS, str(first), str(second), says=b"CLOSED") as (proc, writers):
         assert len(writers) == 1
+        assert proc.stdin is not None
         proc.stdin.close()
         assert proc.wait(timeout=30) == 0
         assert ended_within(writers, 30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for fd in writers:
-            os.close(fd)
-        for stream in (proc.stdout, proc.stderr):
-            assert stream is not None
-            stream.close()
     assert list(spans(first)) == ["first"]
     assert list(spans(second)) == ["second"]
 
@@ -112,36 +96,12 @@ asyncio.run(main(sys.argv[1]))
 def test_a_fork_does_not_keep_the_writer_process_alive(tmp_path: Path) -> None:
     """The writer process ends with the recording process even while a fork of it lives on
     (the fork's copies of the pipes are let go at the fork)."""
-    script = tmp_path / "driver.py"
-    script.write_text(FORKING)
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(tmp_path / "profile")],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    writers: list[int] = []
-    try:
-        assert proc.stdin is not None and proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], 60)
-        line = proc.stdout.readline() if ready else b""
-        assert line == b"FORKED\n", proc.stderr.read() if proc.poll() is not None else line
-        writers = [os.pidfd_open(pid) for pid in writer_processes(proc.pid)]
+    script, save = tmp_path / "driver.py", tmp_path / "profile"
+    with driver(script, FORKING, str(save), says=b"FORKED") as (proc, writers):
         assert len(writers) == 1
         proc.send_signal(signal.SIGKILL)  # the fork, reading the same stdin, lives on
         assert proc.wait(timeout=30) == -signal.SIGKILL
         assert ended_within(writers, 30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for fd in writers:
-            os.close(fd)
-        assert proc.stdin is not None
-        proc.stdin.close()  # the fork's stdin ends: it exits
-        for stream in (proc.stdout, proc.stderr):
-            assert stream is not None
-            stream.close()
     assert list(spans(tmp_path / "profile")) == ["before the fork"]
 
 

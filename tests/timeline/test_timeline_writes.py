@@ -6,20 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import os
-import select
 import signal
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from timeline_rules import (
     check_trace,
+    driver,
     ended_within,
     load_trace,
     timeline_file,
-    writer_processes,
 )
 
 import aprof
@@ -106,30 +103,11 @@ def test_a_killed_run_keeps_its_last_written_timeline(tmp_path: Path) -> None:
     """SIGKILL after a write: the file on disk is that write, complete and valid, and the
     manifest lists it; the writer process sees its stdin end and ends too."""
     script, save = tmp_path / "driver.py", tmp_path / "profile"
-    script.write_text(DRIVER)
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(save)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
-    writers: list[int] = []
-    try:
-        assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], 60)
-        line = proc.stdout.readline() if ready else b""
-        assert line == b"FLUSHED\n", proc.stderr.read() if proc.poll() is not None else line
-        writers = [os.pidfd_open(pid) for pid in writer_processes(proc.pid)]
+    with driver(script, DRIVER, str(save), says=b"FLUSHED") as (proc, writers):
         assert len(writers) == 1
         proc.send_signal(signal.SIGKILL)
         assert proc.wait(timeout=30) == -signal.SIGKILL
         assert ended_within(writers, 30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-        for stream in (proc.stdout, proc.stderr):
-            assert stream is not None
-            stream.close()
-        for fd in writers:
-            os.close(fd)
     assert names(save) == ["kept"] * 50
     [entry] = aprof.load_manifest(save).timeline
     assert entry.events == 51 and entry.bytes == timeline_file(save).stat().st_size

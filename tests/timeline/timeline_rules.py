@@ -7,12 +7,17 @@ that way and returns every async slice with its nested slices and instants.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import itertools
 import json
+import os
 import select
+import subprocess
+import sys
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,3 +149,35 @@ def ended_within(pidfds: list[int], timeout_s: float) -> bool:
             return False
         waiting -= set(ready)
     return True
+
+
+@contextlib.contextmanager
+def driver(
+    script: Path, source: str, *args: str, says: bytes
+) -> Iterator[tuple[subprocess.Popen[bytes], list[int]]]:
+    """Run ``source`` as ``script`` with ``args`` until it prints the line ``says``; yields the
+    process and pidfds of the writer processes it started. Afterwards the process is killed
+    if it still runs, its stdin closed (a fork of it reading stdin ends then) and all closed."""
+    script.write_text(source)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    writers: list[int] = []
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        line = proc.stdout.readline() if ready else b""
+        assert line == says + b"\n", proc.stderr.read() if proc.poll() is not None else line
+        writers = [os.pidfd_open(pid) for pid in writer_processes(proc.pid)]
+        yield proc, writers
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        for fd in writers:
+            os.close(fd)
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            stream.close()
