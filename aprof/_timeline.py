@@ -52,9 +52,11 @@ class Timeline:
         self.capacity = capacity
         self.events: list[Event] = []
         """Recorded and not handed to the writer yet; never longer than ``room``."""
-        self.room = min(_BATCH, capacity)
+        self.room = 0
         """How long ``events`` may grow before :meth:`add` must hand it over or drop."""
-        self._handed = 0  # events handed to the writer since the last flush
+        self._handed = 0
+        """Events handed to the writer since the last flush."""
+        self._handed_until_write(0)
         self.dropped = 0
         """Events that did not fit into the buffer, over the whole run."""
         self.open: set[Span | Request] = set()
@@ -76,8 +78,7 @@ class Timeline:
             return  # its last write is done (room is 0 then, so spans and requests come here)
         events = self.events
         if len(events) >= self.room and self._handed + len(events) < self.capacity:
-            self._handed += len(events)
-            self.room = min(_BATCH, self.capacity - self._handed)
+            self._handed_until_write(self._handed + len(events))
             self.events = []
             self._submit(self._add, events)
         if len(self.events) < self.room:
@@ -122,8 +123,12 @@ class Timeline:
         if self.closed:
             return None
         events, self.events = self.events, []
-        self._handed, self.room = 0, min(_BATCH, self.capacity)
+        self._handed_until_write(0)
         return self._submit(self._write, events, self.dropped)
+
+    def _handed_until_write(self, handed: int) -> None:
+        # The next batch may take what the write has room for, up to a whole batch.
+        self._handed, self.room = handed, min(_BATCH, self.capacity - handed)
 
     def _submit(self, work: Callable[..., _T], *args: object) -> Future[_T]:
         if self._executor is None:

@@ -132,7 +132,8 @@ class WriterProcess:
             if kind == "failed":
                 raise OSError(rest)
             self.ended = True
-            raise OSError(f"the timeline writer process ended (exit code {self._proc.poll()})")
+            self._why = f"the timeline writer process ended (exit code {self._proc.poll()})"
+            raise OSError(self._why)
 
     def forget(self, file: int) -> None:
         """Tell the child that ``file`` gets no more writes."""
