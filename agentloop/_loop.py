@@ -89,8 +89,9 @@ class AgentLoop(ABC):
         traj.turns.append(turn)
         return turn
 
-    def span(self, name: str, **attrs: SpanValue) -> contextlib.AbstractAsyncContextManager[object]:
-        """A span on the profiler's timeline (nothing without a profiler)."""
+    def span(self, name: str, **attrs: SpanValue) -> contextlib.AbstractContextManager[object]:
+        """``with self.span(name, **attrs):`` a span on the profiler's timeline (nothing
+        without a profiler)."""
         prof = self.llm.prof
         return contextlib.nullcontext() if prof is None else prof.span(name, **attrs)
 
@@ -100,8 +101,9 @@ class SingleTurnLoop(AgentLoop):
 
     async def run(self, sample: Sample) -> Trajectory:
         """Roll out ``sample`` in one turn."""
-        async with self.trajectory(sample) as traj, self.span("turn", trajectory=traj.id, turn=0):
-            await self.generate(traj, sample.prompt)
+        async with self.trajectory(sample) as traj:
+            with self.span("turn", trajectory=traj.id, turn=0):
+                await self.generate(traj, sample.prompt)
         return traj
 
 
@@ -146,7 +148,7 @@ class ToolAgentLoop(AgentLoop):
         async with self.trajectory(sample) as traj:
             prompt = sample.prompt
             for index in range(self.max_turns):
-                async with self.span("turn", trajectory=traj.id, turn=index):
+                with self.span("turn", trajectory=traj.id, turn=index):
                     turn = await self.generate(traj, prompt)
                     calls = self.parser.parse(turn.text, turn=index)
                     if calls:
@@ -166,7 +168,7 @@ class ToolAgentLoop(AgentLoop):
     async def call_tool(self, call: ToolCall) -> ToolResult:
         """Run one call; any failure becomes the result's ``error``."""
         tool = self.tools.get(call.name)
-        async with self.span("tool_call", tool=call.name):
+        with self.span("tool_call", tool=call.name):
             if tool is None:
                 return ToolResult(call, error=f"unknown tool {call.name!r}")
             try:

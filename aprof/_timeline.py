@@ -254,7 +254,9 @@ class Span:
         except KeyError:
             return  # ended already, at close
         # Keys, then values, flat in the tuple: a tuple holding a dict (or other tuples) stays
-        # tracked by the garbage collector, and full collections walk the buffer.
+        # tracked by the garbage collector, which then walks the buffer at every collection.
+        # Holding the dict is cheaper here but cost more in collections than it saved
+        # (10,000 agent loops: +0.2 s of collection time per 90,000 turns).
         attrs = self._attrs
         event = (SPAN, self._name, self._begin, end, self._step, note, *attrs, *attrs.values())
         events = timeline.events

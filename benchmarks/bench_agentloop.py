@@ -10,7 +10,9 @@ median of ``--rounds``: no profiler; a profiler whose steps are not profiled (ti
 every step profiled (both replicas captured by ``RecordingTarget``, timeline on), its windows
 opened by each step's first request (the default: the first wave of requests waits for them)
 or when the step begins (``rollout.start: on_step``). The garbage collector is on, as in a
-real program.
+real program. Besides wall time, each variant's CPU time (this process, the timeline's writer
+thread included) and the part of it spent in garbage collection are reported per turn: with
+1 s replies the loop idles part of the time, so wall time shows only part of the CPU added.
 
 Run with ``nox -s bench`` (or ``python benchmarks/bench_agentloop.py``).
 """
@@ -19,12 +21,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import structlog
 
@@ -54,6 +57,32 @@ class InProcessReplies(LLMClient):
         return Answer(text="the answer is 42", finish_reason="length", completion_tokens=16)
 
 
+class Measured(NamedTuple):
+    wall: float
+    cpu: float
+    gc: float
+
+
+class GcClock:
+    """Seconds spent in garbage collection since the last :meth:`reset`."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self._began = 0.0
+        gc.callbacks.append(self._note)
+
+    def _note(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.total += time.perf_counter() - self._began
+
+    def reset(self) -> None:
+        self.total = 0.0
+
+
+GC = GcClock()
+
 VARIANTS = (
     "profiling off (no profiler)",
     "aprof, unprofiled steps",
@@ -64,8 +93,8 @@ VARIANTS = (
 
 async def run(
     variant: str, save: Path, loops: int, turns: int, steps: int, reply_s: float
-) -> float:
-    """Wall seconds of ``steps`` global steps of ``loops`` concurrent loops."""
+) -> Measured:
+    """Wall, CPU and collection seconds of ``steps`` global steps of ``loops`` loops."""
     prof = None
     if variant != VARIANTS[0]:
         selected = [] if variant == VARIANTS[1] else {"every": 1}
@@ -93,7 +122,8 @@ async def run(
         assert all(t.ok and len(t.turns) == turns for t in done)
 
     async with llm:
-        began = time.perf_counter()
+        GC.reset()
+        began, cpu = time.perf_counter(), time.process_time()
         if prof is None:
             for n in range(1, steps + 1):
                 await batch(n)
@@ -102,11 +132,11 @@ async def run(
                 for n in range(1, steps + 1):
                     async with prof.step(n):
                         await batch(n)
-        wall = time.perf_counter() - began
+        measured = Measured(time.perf_counter() - began, time.process_time() - cpu, GC.total)
     if prof is not None:
         (timeline,) = prof.manifest.timeline
         assert timeline.dropped == 0
-    return wall
+    return measured
 
 
 def main() -> None:
@@ -126,27 +156,38 @@ def main() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     turns = args.loops * args.turns * args.steps
     for reply_s in args.reply_s:
-        walls: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+        seen: dict[str, list[Measured]] = {variant: [] for variant in VARIANTS}
         with tempfile.TemporaryDirectory() as out:
             for i in range(args.rounds):
                 for variant in VARIANTS:
                     save = Path(out, f"{VARIANTS.index(variant)}-{i}")
-                    walls[variant].append(
+                    seen[variant].append(
                         asyncio.run(run(variant, save, args.loops, args.turns, args.steps, reply_s))
                     )
         print(
             f"\n{args.loops} concurrent ToolAgentLoops x {args.turns} turns x {args.steps} "
             f"steps, in-process replies after {reply_s:g} s, {args.rounds} rounds\n"
         )
-        print("| variant | best s | vs off | median s | vs off | per turn (median) |")
-        print("|---|---:|---:|---:|---:|---:|")
-        best_off, median_off = min(walls[VARIANTS[0]]), statistics.median(walls[VARIANTS[0]])
-        for variant, seen in walls.items():
-            best, median = min(seen), statistics.median(seen)
+        print(
+            "| variant | best s | vs off | median s | vs off | per turn (median) "
+            "| CPU per turn (median) | of it GC |"
+        )
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
+        off = [m.wall for m in seen[VARIANTS[0]]]
+        best_off, median_off = min(off), statistics.median(off)
+        cpu_off = statistics.median(m.cpu for m in seen[VARIANTS[0]])
+        gc_off = statistics.median(m.gc for m in seen[VARIANTS[0]])
+        for variant, runs in seen.items():
+            walls = [m.wall for m in runs]
+            best, median = min(walls), statistics.median(walls)
+            cpu = statistics.median(m.cpu for m in runs)
+            gc_s = statistics.median(m.gc for m in runs)
             print(
                 f"| {variant} | {best:.2f} | {best / best_off - 1:+.1%} | {median:.2f} | "
                 f"{median / median_off - 1:+.1%} | {median / turns * 1e6:.1f} µs "
-                f"(+{(median - median_off) / turns * 1e6:.1f}) |"
+                f"({(median - median_off) / turns * 1e6:+.1f}) | {cpu / turns * 1e6:.1f} µs "
+                f"({(cpu - cpu_off) / turns * 1e6:+.1f}) | {gc_s / turns * 1e6:.1f} µs "
+                f"({(gc_s - gc_off) / turns * 1e6:+.1f}) |"
             )
 
 
