@@ -88,6 +88,7 @@ async def main(save):
         sys.stdin.read()
         os._exit(0)
     print("FORKED", flush=True)
+    sys.stdin.read()  # alive until the test kills it: exiting would end the writer process
 
 asyncio.run(main(sys.argv[1]))
 """
