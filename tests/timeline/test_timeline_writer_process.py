@@ -6,12 +6,13 @@ does not take are written as the thread would write them."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import os
 import shutil
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,20 @@ def spans(save_path: Path) -> dict[str, dict[str, object]]:
     """The args of each top-level span of the run's timeline, by name."""
     roots = check_trace(load_trace(timeline_file(save_path)))
     return {r.name: r.args for r in roots if r.cat == "span"}
+
+
+@contextlib.contextmanager
+def stopped_writer_process() -> Iterator[None]:
+    """Hold this interpreter's writer process with SIGSTOP during the block, then check that
+    the block got it killed (it ends within 30 s)."""
+    [pid] = writer_processes(os.getpid())
+    writer = os.pidfd_open(pid)
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        yield
+        assert ended_within([writer], 30)
+    finally:
+        os.close(writer)
 
 
 TWO_PROFILERS = """
@@ -153,16 +168,10 @@ async def test_a_stuck_writer_process_is_killed_and_the_close_goes_on(
         with prof.span("written"):
             pass
         await prof.flush_timeline()
-        [pid] = writer_processes(os.getpid())
-        writer = os.pidfd_open(pid)
-        try:
-            os.kill(pid, signal.SIGSTOP)
+        with stopped_writer_process():
             with prof.span("lost"):
                 pass
             await prof.flush_timeline()
-            assert ended_within([writer], 30)
-        finally:
-            os.close(writer)
     assert "did not write within 0.5 s" in capsys.readouterr().err
     assert list(spans(prof.save_path)) == ["written"]
 
@@ -209,17 +218,11 @@ async def test_a_writer_process_that_takes_nothing_in_is_killed_and_the_close_go
         with prof.span("written"):
             pass
         await prof.flush_timeline()
-        [pid] = writer_processes(os.getpid())
-        writer = os.pidfd_open(pid)
-        try:
-            os.kill(pid, signal.SIGSTOP)
+        with stopped_writer_process():
             for i in range(50_000):  # about 3 MB marshalled: more than its 1 MiB pipe holds
                 with prof.span("lost", i=i):
                     pass
             await prof.flush_timeline()
-            assert ended_within([writer], 30)
-        finally:
-            os.close(writer)
     assert "took nothing in for 0.5 s" in capsys.readouterr().err
     assert list(spans(prof.save_path)) == ["written"]
 
