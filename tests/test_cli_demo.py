@@ -109,6 +109,9 @@ def test_demo_stops_its_servers_on_ctrl_c(tmp_path: Path) -> None:
         [sys.executable, "-m", "aprof", "demo", "--num-steps", "50", "--steps", "2",
          "--replicas", "2", "--concurrency", "2", "--out", str(out)],
         cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+        # A suite started in the background (`... &` from a script) runs with SIGINT ignored,
+        # and children inherit that: the demo would then never see the Ctrl-C sent below.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     try:
         assert demo.stderr is not None
