@@ -17,7 +17,7 @@ from aprof._config import ProfilerConfig, TimeoutsConfig, load_config
 from aprof._errors import CaptureError, ConfigError
 from aprof._logging import configure_logging
 from aprof._manifest import Manifest, ManifestError, RankCapture, WindowRecord, load_manifest
-from aprof._request import Request
+from aprof._recorder import Request
 from aprof._scheduler import Profiler
 from aprof._steps import StepSelection
 from aprof._worker import WorkerProfiler, staged

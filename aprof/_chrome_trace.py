@@ -127,6 +127,11 @@ class ChromeTraceWriter:
             self._body.append(self._stream.compress(piece.encode()))
             time.sleep(self._pause_s)
 
+    def add_marshalled(self, events: bytes) -> None:
+        """:meth:`add` the events of ``events``, marshal's bytes of their list
+        (``Recorder.take()``'s)."""
+        self.add(marshal.loads(events))
+
     def discard(self) -> None:
         """Forget what :meth:`add` took since the last write."""
         self._stream, self._body, self._count = None, [], 0
@@ -359,7 +364,8 @@ def _keep_previous(path: Path) -> None:
 # that started it (``aprof/_writer_process.py``). Through stdin come marshal'd tuples, each
 # after its length (8 bytes, little-endian):
 #   (OPEN, file, path, process, wall_ns, monotonic_ns, pid, tid)   a timeline file to write
-#   (EVENTS, file, [event, ...])                                   for its next write
+#   (EVENTS, file, events)                                         for its next write; ``events``
+#                                                                  is marshal's bytes of a list
 #   (WRITE, file, dropped)                                         write it; one answer
 #   (CLOSE, file)                                                  no more writes to it
 # Through stdout go lines: ``ready`` once, then one per WRITE, ``written <bytes> <events>
@@ -387,7 +393,7 @@ def serve(source: Any, reply: Any) -> None:
         kind, file = message[0], message[1]
         if kind == EVENTS:
             try:
-                writers[file].add(message[2])
+                writers[file].add_marshalled(message[2])
             except Exception as exc:  # answered at the write they were for
                 failed.setdefault(file, exc)
         elif kind == WRITE:

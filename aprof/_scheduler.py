@@ -6,7 +6,7 @@ import asyncio
 import os
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Literal
@@ -29,9 +29,9 @@ from aprof._manifest import (
     WindowRecord,
     write_manifest,
 )
-from aprof._request import Request
+from aprof._recorder import Request, Span
 from aprof._state_machine import Phase, TargetMachine, WindowRun
-from aprof._timeline import NULL_SPAN, AttrValue, NullSpan, Span, Timeline, now_ns
+from aprof._timeline import NULL_SPAN, AttrValue, NullSpan, Timeline, now_ns
 
 _FAILED = ("failed", "timeout")
 
@@ -81,6 +81,7 @@ class Profiler:
             if timeline.enable
             else None
         )
+        self._recorder = None if self._timeline is None else self._timeline.recorder
         self._step_began = 0
 
     # -- public API -------------------------------------------------------------------------
@@ -146,7 +147,7 @@ class Profiler:
 
     def request(self, *, replica: int, request_id: str | None = None) -> Request:
         """The context of one request to ``replica``: gate, count, and report what happened."""
-        return Request(self, replica, request_id)
+        return Request(self, self._recorder, replica, request_id)
 
     def span(self, name: str, **attrs: AttrValue) -> Span | NullSpan:
         """A timeline span named ``name`` (a turn, a tool call), for ``with`` or ``async with``.
@@ -154,9 +155,9 @@ class Profiler:
         ``attrs`` become the span's args; the current step is added. A no-op when
         ``timeline.enable`` is false.
         """
-        if self._timeline is None:
+        if self._recorder is None:
             return NULL_SPAN
-        return Span(self._timeline, name, attrs, self._step)
+        return Span(self._recorder, name, attrs, self._step)
 
     async def flush_timeline(self) -> None:
         """Write the timeline recorded so far and wait until the file is complete.
@@ -338,29 +339,36 @@ class Profiler:
 
     # -- requests ---------------------------------------------------------------------------
 
-    async def _admit(self, req: Request, run: WindowRun | None) -> None:
-        """Gate ``req`` on its replica's window that is not active (yet), and count it.
-
-        ``Request`` handles an active window itself: that is the hot path.
-        """
-        if run is None:
-            if self.config.rollout.start != "on_first_request":
-                return
+    def _gate(self, req: Request) -> Awaitable[Request] | None:
+        """Count ``req`` into its replica's window, for a step with rollout windows
+        (``Request`` lets it go itself otherwise): ``None`` if it may go now, else what it
+        awaits first, the window's start."""
+        run = self._step_rollout.get(req.replica)
+        if run is None and self.config.rollout.start == "on_first_request":
             run = self._rollout_run(req.replica)
-            if run is None:
-                return
-        if run.phase is Phase.STARTING:
+        if run is None:
+            return None
+        if run.phase is Phase.ACTIVE:
+            run.admitted += 1
+            req.captured = True
+        elif run.phase is Phase.STARTING:
             req.gated = True
             run.gated += 1
             run.admitted += 1
+            return self._after_start(req, run)
+        return None
+
+    async def _after_start(self, req: Request, run: WindowRun) -> Request:
+        try:
             # Bounded without a timer per request: a starting window's start task is bounded
             # by start_s and sets `started` whatever its outcome (cancellation included).
             await run.started.wait()
             req.captured = run.active
             self._raise_if_strict([run])
-        elif run.phase is Phase.ACTIVE:
-            run.admitted += 1
-            req.captured = True
+        except BaseException as exc:  # no __aexit__ follows a failed __aenter__
+            req._end(now_ns(), type(exc).__name__)
+            raise
+        return req
 
     def _rollout_run(self, replica: int) -> WindowRun | None:
         """The window of ``replica`` for the current step, opened now if it is due."""

@@ -1,7 +1,8 @@
-"""The timeline recorder: spans as small tuples in a bounded buffer, written off the event loop.
+"""The timeline: spans as small tuples in a bounded buffer, written off the event loop.
 
 A span is recorded once, when it ends, as one tuple holding its begin and end (monotonic ns);
-the timeline takes at most ``buffer_events`` tuples between two writes of its file, and what
+spans and requests, the hot path, are recorded by ``aprof/_recorder.c``, steps and windows
+here. The timeline takes at most ``buffer_events`` tuples between two writes of its file, and what
 does not fit is dropped and counted. Every ``_BATCH`` tuples, and at each flush, a writer
 thread per timeline hands them to the interpreter's writer process
 (``aprof/_writer_process.py``), which turns them into Chrome trace JSON and gzip
@@ -22,14 +23,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from aprof._chrome_trace import SPAN, STEP, WINDOW, ChromeTraceWriter, Event, Written
+from aprof._chrome_trace import STEP, WINDOW, ChromeTraceWriter, Event, Written
 from aprof._logging import logger
 from aprof._manifest import Clock
+from aprof._recorder import Recorder
 from aprof._writer_process import RemoteFile, WriterProcess
 
 if TYPE_CHECKING:
     from aprof._manifest import WindowRecord
-    from aprof._request import Request
 
 AttrValue = str | int | float | bool | None
 _T = TypeVar("_T")
@@ -41,8 +42,7 @@ now_ns = time.monotonic_ns
 """The timeline's clock, the manifest's ``clock.monotonic_ns`` anchors it to wall time."""
 
 _BATCH: Final = 2000
-"""Tuples handed to the writer at a time. Kept until the step's end instead, a step's tuples
-(tens of megabytes at scale) made every full garbage collection of the process slower."""
+"""Events handed to the writer at a time, so that the recording process holds few of them."""
 
 
 class Timeline:
@@ -50,17 +50,12 @@ class Timeline:
 
     def __init__(self, *, capacity: int, folder: Path, process: str, clock: Clock) -> None:
         self.capacity = capacity
-        self.events: list[Event] = []
-        """Recorded and not handed to the writer yet; never longer than ``room``."""
-        self.room = 0
-        """How long ``events`` may grow before :meth:`add` must hand it over or drop."""
+        self.recorder = Recorder(self._hand_over)
+        """The events recorded and not handed to the writer yet; spans and requests record
+        themselves into it, while its ``room`` lasts."""
         self._handed = 0
         """Events handed to the writer since the last flush."""
         self._handed_until_write(0)
-        self.dropped = 0
-        """Events that did not fit into the buffer, over the whole run."""
-        self.open: set[Span | Request] = set()
-        """Spans and requests begun and not ended yet."""
         self.closed = False
         self.process = process
         self.path = folder / f"{process}.trace.json.gz"
@@ -73,18 +68,17 @@ class Timeline:
 
     def add(self, event: Event) -> None:
         """Keep ``event`` if the timeline has room until its next write, else count it as
-        dropped. Spans and requests append to ``events`` themselves while it has room."""
-        if self.closed:
-            return  # its last write is done (room is 0 then, so spans and requests come here)
-        events = self.events
-        if len(events) >= self.room and self._handed + len(events) < self.capacity:
-            self._handed_until_write(self._handed + len(events))
-            self.events = []
-            self._submit(self._add, events)
-        if len(self.events) < self.room:
-            self.events.append(event)
-        else:
-            self.dropped += 1
+        dropped."""
+        if not self.closed:
+            self.recorder.add(event)
+
+    def _hand_over(self) -> None:
+        # The recorder is full: its events go to the writer while the write has room for
+        # more, else the next ones are dropped (and counted) until the write.
+        held = self.recorder.count
+        if not self.closed and self._handed + held < self.capacity:
+            self._handed_until_write(self._handed + held)
+            self._submit(self._add, self.recorder.take())
 
     def step(self, n: int, selected: bool, begin_ns: int) -> None:
         """Record global step ``n``, begun at ``begin_ns`` and ending now."""
@@ -122,13 +116,13 @@ class Timeline:
         """Hand what was recorded to the writer thread; returns the write, ``None`` if closed."""
         if self.closed:
             return None
-        events, self.events = self.events, []
+        events = self.recorder.take()
         self._handed_until_write(0)
-        return self._submit(self._write, events, self.dropped)
+        return self._submit(self._write, events, self.recorder.dropped)
 
     def _handed_until_write(self, handed: int) -> None:
         # The next batch may take what the write has room for, up to a whole batch.
-        self._handed, self.room = handed, min(_BATCH, self.capacity - handed)
+        self._handed, self.recorder.room = handed, min(_BATCH, self.capacity - handed)
 
     def _submit(self, work: Callable[..., _T], *args: object) -> Future[_T]:
         if self._executor is None:
@@ -154,12 +148,12 @@ class Timeline:
             )
         return self._writer
 
-    def _add(self, events: list[Event]) -> None:
-        self._writing().add(events)
+    def _add(self, events: bytes) -> None:
+        self._writing().add_marshalled(events)
 
-    def _write(self, events: list[Event], dropped: int) -> int:
+    def _write(self, events: bytes, dropped: int) -> int:
         writer = self._writing()
-        writer.add(events)
+        writer.add_marshalled(events)
         return writer.write(dropped)
 
     async def write_now(self) -> None:
@@ -176,15 +170,15 @@ class Timeline:
         if self.closed:
             return
         end = now_ns()
-        for item in list(self.open):
-            item.end_at_close(end)
+        for item in list(self.recorder.open):
+            item._end(end, OPEN_AT_CLOSE)
         for record, marks in self._windows.values():
             self._record_window(record, marks, end, OPEN_AT_CLOSE)
         self._windows.clear()
         try:
             await self.write_now()
         finally:  # also when the close is cancelled: the write in flight still completes
-            self.closed, self.room = True, 0
+            self.closed, self.recorder.room = True, 0
             if self._executor is not None:
                 if isinstance(self._writer, RemoteFile):
                     self._executor.submit(self._writer.close)
@@ -201,69 +195,6 @@ def _log_failure(done: Future[Any]) -> None:
     exc = done.exception()
     if exc is not None:
         logger.warning("timeline write failed", error=repr(exc))
-
-
-class Span:
-    """``with prof.span(name, **attrs):`` or ``async with``: one timeline span."""
-
-    __slots__ = ("_attrs", "_begin", "_name", "_step", "_timeline")
-
-    def __init__(
-        self, timeline: Timeline, name: str, attrs: dict[str, AttrValue], step: int | None
-    ) -> None:
-        self._timeline = timeline
-        self._name = name
-        self._attrs = attrs
-        self._step = step
-        self._begin = 0
-
-    def __enter__(self) -> Span:
-        self._begin = now_ns()
-        self._timeline.open.add(self)
-        return self
-
-    async def __aenter__(self) -> Span:
-        self._begin = now_ns()
-        self._timeline.open.add(self)
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._end(now_ns(), None if exc_type is None else exc_type.__name__)
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._end(now_ns(), None if exc_type is None else exc_type.__name__)
-
-    def end_at_close(self, end: int) -> None:
-        """Record the span as ended at ``end`` because the timeline closes."""
-        self._end(end, OPEN_AT_CLOSE)
-
-    def _end(self, end: int, note: str | None) -> None:
-        timeline = self._timeline
-        try:
-            timeline.open.remove(self)
-        except KeyError:
-            return  # ended already, at close
-        # Keys, then values, flat in the tuple: a tuple holding a dict (or other tuples) stays
-        # tracked by the garbage collector, which then walks the buffer at every collection.
-        # Holding the dict is cheaper here but cost more in collections than it saved
-        # (10,000 agent loops: +0.2 s of collection time per 90,000 turns).
-        attrs = self._attrs
-        event = (SPAN, self._name, self._begin, end, self._step, note, *attrs, *attrs.values())
-        events = timeline.events
-        if len(events) < timeline.room:  # Timeline.add's common case, inlined: spans end often
-            events.append(event)
-        else:
-            timeline.add(event)
 
 
 class NullSpan:

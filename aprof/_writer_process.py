@@ -2,8 +2,8 @@
 
 Formatting and compressing an event costs about 2 µs, and in a thread of the recording process
 that time holds the GIL its event loop needs. The child does it instead; the recording process
-only marshals the event tuples (about 0.15 µs each, freeing them included), a batch at a time
-while the run goes on, and writes them into the child's stdin; the child turns each batch into
+records events in marshal's format already (``aprof/_recorder.c``) and writes them into the
+child's stdin, a batch at a time while the run goes on; the child turns each batch into
 compressed JSON as it comes and writes the file when asked. The child starts at the first
 write of the interpreter, serves every timeline after that, and ends when its stdin does:
 when the interpreter exits, or when the recording process ends in any way, SIGKILL included.
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import IO, ClassVar, Final
 
 from aprof import _chrome_trace
-from aprof._chrome_trace import CLOSE, EVENTS, OPEN, WRITE, Anchor, Event, Written
+from aprof._chrome_trace import CLOSE, EVENTS, OPEN, WRITE, Anchor, Written
 from aprof._logging import logger
 
 _START_S: Final = 30.0
@@ -104,10 +104,9 @@ class WriterProcess:
             return None
         return RemoteFile(self, file)
 
-    def add(self, file: int, events: list[Event]) -> None:
-        """Send ``events`` for the next write of ``file``; empties the list."""
-        data = _marshal(EVENTS, file, events)
-        events.clear()
+    def add(self, file: int, events: bytes) -> None:
+        """Send ``events`` (``Recorder.take()``'s) for the next write of ``file``."""
+        data = marshal.dumps((EVENTS, file, events))
         with self._lock, contextlib.suppress(OSError):  # the write that follows says so
             self._deliver(data)
 
@@ -203,8 +202,8 @@ class RemoteFile:
         self.written = Written(0, 0, 0)
         """The file as last written; replaced whole, so another thread reads one write's."""
 
-    def add(self, events: list[Event]) -> None:
-        """Hand ``events`` to the next write (emptying the list)."""
+    def add_marshalled(self, events: bytes) -> None:
+        """Hand ``events`` (``Recorder.take()``'s) to the next write."""
         self._process.add(self._file, events)
 
     def write(self, dropped: int) -> int:
@@ -230,32 +229,3 @@ def _end(proc: subprocess.Popen[bytes], send: IO[bytes], answers: IO[bytes], wai
 
 def _framed(data: bytes) -> bytes:
     return len(data).to_bytes(8, "little") + data
-
-
-def _marshal(kind: int, file: int, events: list[Event]) -> bytes:
-    try:
-        return marshal.dumps((kind, file, events))
-    except ValueError:  # an attribute of a type marshal does not take
-        return marshal.dumps((kind, file, list(map(_plain_event, events))))
-
-
-def _plain_event(event: Event) -> Event:
-    try:
-        marshal.dumps(event)
-    except ValueError:
-        return tuple(map(_plain, event))
-    return event  # windows among them: their marks are tuples, kept
-
-
-def _plain(value: object) -> object:
-    """``value`` as a type marshal takes, shown the same way in the file (``_scalar``)."""
-    match value:
-        case None | bool():
-            return value
-        case str():
-            return str.__str__(value)
-        case int():
-            return int.__int__(value)
-        case float():
-            return float.__float__(value)
-    return str(value)

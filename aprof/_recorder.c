@@ -1,0 +1,1215 @@
+/* aprof._recorder: the timeline's hot path (see _recorder.pyi for the Python view).
+
+Every agent-loop turn records a request and one or two spans, so at 10,000 concurrent loops
+their cost is the profiler's cost. Written in Python, each was a few Python frames, two
+coroutines per `async with`, an event tuple that the timeline's writer thread marshalled while
+holding the GIL, and one object per operation in flight that the garbage collector tracks: the
+loops' waits kept those alive across collections, and the full collections that walked them
+were a third of what aprof added to a turn. Here:
+
+- a Recorder holds a timeline's events already in marshal's format (version 2: no
+  back-references, so the events can be concatenated), as the items of one list; take() hands
+  them over as the bytes of that list, which the writer process loads with marshal.loads;
+- Span and Request begin and end without a Python frame, awaiting their __aenter__ and
+  __aexit__ completes at once (no coroutine), and they are not tracked by the garbage
+  collector: one only forms a cycle while it is open (its recorder's `open` set holds it), and
+  the timeline's close ends every open one;
+- the clock is CPython's monotonic clock, the one behind time.monotonic_ns().
+
+An event's layout is aprof/_chrome_trace.py's (SPAN, REQUEST, ...). A value that marshal's
+plain types do not hold is written as its str(), as the writer process shows it anyway. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+#include <limits.h>
+#include <stdint.h>
+#include <string.h>
+
+#define KIND_SPAN 0    /* aprof._chrome_trace.SPAN */
+#define KIND_REQUEST 1 /* aprof._chrome_trace.REQUEST */
+
+/* marshal's type codes (Python/marshal.c); the loader takes any version's. */
+#define M_NONE 'N'
+#define M_FALSE 'F'
+#define M_TRUE 'T'
+#define M_INT 'i'
+#define M_LONG 'l'
+#define M_FLOAT 'g'
+#define M_SHORT_ASCII 'z'
+#define M_ASCII 'a'
+#define M_UNICODE 'u'
+#define M_SMALL_TUPLE ')'
+#define M_TUPLE '('
+#define M_LIST '['
+#define M_HEAD 5     /* M_LIST and the count: the front of a Recorder's buffer */
+#define M_DEPTH 8    /* tuples nested deeper are written as their str() */
+
+static PyObject *str_gate, *str_rollout_live, *str_step, *str_tokens;
+
+static int64_t
+now_ns(void)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    PyTime_t t;
+    (void)PyTime_MonotonicRaw(&t); /* cannot fail: Python checked the clock at start */
+    return t;
+#else
+    return _PyTime_GetMonotonicClock();
+#endif
+}
+
+/* -- Ready: an awaitable that is done -------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *value;
+} Ready;
+
+static PyTypeObject Ready_Type;
+
+static PyObject *ready_none; /* what every __aexit__ returns */
+
+static PyObject *
+ready_new(PyObject *value)
+{
+    Ready *self = PyObject_New(Ready, &Ready_Type);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->value = Py_NewRef(value);
+    return (PyObject *)self;
+}
+
+static void
+ready_dealloc(Ready *self)
+{
+    Py_DECREF(self->value);
+    PyObject_Free(self);
+}
+
+static PyObject *
+ready_self(PyObject *self)
+{
+    return Py_NewRef(self);
+}
+
+/* `await` sends None and gets the value back at once. */
+static PySendResult
+ready_send(Ready *self, PyObject *arg, PyObject **result)
+{
+    *result = Py_NewRef(self->value);
+    return PYGEN_RETURN;
+}
+
+/* The iterator protocol's form of the same, which `await` uses while a trace function is
+   set (a debugger, coverage). */
+static PyObject *
+ready_next(Ready *self)
+{
+    PyObject *stop = PyObject_CallOneArg(PyExc_StopIteration, self->value);
+    if (stop != NULL) {
+        PyErr_SetObject(PyExc_StopIteration, stop);
+        Py_DECREF(stop);
+    }
+    return NULL;
+}
+
+static PyAsyncMethods ready_async = {
+    .am_await = ready_self,
+    .am_send = (sendfunc)ready_send,
+};
+
+static PyTypeObject Ready_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "aprof._recorder.Ready",
+    .tp_basicsize = sizeof(Ready),
+    .tp_dealloc = (destructor)ready_dealloc,
+    .tp_as_async = &ready_async,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "What __aenter__ and __aexit__ return: an awaitable that is already done.",
+    .tp_iter = ready_self,
+    .tp_iternext = (iternextfunc)ready_next,
+};
+
+/* -- Recorder: a timeline's events, in marshal's format -------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *open;    /* set: spans and requests begun and not ended */
+    PyObject *on_full; /* called when an event finds no room */
+    char *data;        /* M_HEAD bytes, then the events */
+    Py_ssize_t size;
+    Py_ssize_t capacity;
+    Py_ssize_t count;
+    Py_ssize_t room;
+    Py_ssize_t dropped;
+} Recorder;
+
+static PyTypeObject Recorder_Type;
+
+static int
+grow(Recorder *self, Py_ssize_t more)
+{
+    if (self->size + more <= self->capacity) {
+        return 0;
+    }
+    Py_ssize_t capacity = self->capacity * 2;
+    while (capacity < self->size + more) {
+        capacity *= 2;
+    }
+    char *data = PyMem_Realloc(self->data, (size_t)capacity);
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->data = data;
+    self->capacity = capacity;
+    return 0;
+}
+
+static inline int
+put_raw(Recorder *self, const void *bytes, Py_ssize_t n)
+{
+    if (grow(self, n) < 0) {
+        return -1;
+    }
+    memcpy(self->data + self->size, bytes, (size_t)n);
+    self->size += n;
+    return 0;
+}
+
+static int
+put_byte(Recorder *self, char c)
+{
+    return put_raw(self, &c, 1);
+}
+
+static void
+le32(unsigned char *out, uint32_t v)
+{
+    for (int i = 0; i < 4; i++) {
+        out[i] = (unsigned char)(v >> (8 * i));
+    }
+}
+
+/* A code and a 32-bit little-endian count or value. */
+static int
+put_code_i32(Recorder *self, char code, int32_t v)
+{
+    unsigned char out[5];
+    out[0] = (unsigned char)code;
+    le32(out + 1, (uint32_t)v);
+    return put_raw(self, out, 5);
+}
+
+static int
+put_int64(Recorder *self, int64_t v)
+{
+    if (v >= INT32_MIN && v <= INT32_MAX) {
+        return put_code_i32(self, M_INT, (int32_t)v);
+    }
+    /* M_LONG: the number of 15-bit digits (negative for a negative number), then the
+       digits from the lowest, 16 bits each; the highest is never 0. */
+    uint64_t rest = v < 0 ? (uint64_t)(-(v + 1)) + 1 : (uint64_t)v;
+    unsigned char out[5 + 2 * 5];
+    int32_t digits = 0;
+    while (rest) {
+        out[5 + 2 * digits] = (unsigned char)(rest & 0xff);
+        out[6 + 2 * digits] = (unsigned char)((rest >> 8) & 0x7f);
+        rest >>= 15;
+        digits++;
+    }
+    out[0] = M_LONG;
+    le32(out + 1, (uint32_t)(v < 0 ? -digits : digits));
+    return put_raw(self, out, 5 + 2 * digits);
+}
+
+static int put_tuple_head(Recorder *self, Py_ssize_t n);
+
+/* A string of `n` bytes: its code and length, then the bytes. */
+static int
+put_text(Recorder *self, char code, const char *bytes, Py_ssize_t n)
+{
+    if (n > INT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "a timeline string is limited to 2 GiB");
+        return -1;
+    }
+    int head;
+    if (code == M_SHORT_ASCII) {
+        unsigned char out[2] = {M_SHORT_ASCII, (unsigned char)n};
+        head = put_raw(self, out, 2);
+    }
+    else {
+        head = put_code_i32(self, code, (int32_t)n);
+    }
+    return head < 0 ? -1 : put_raw(self, bytes, n);
+}
+
+static int
+put_str(Recorder *self, PyObject *v)
+{
+    Py_ssize_t n = PyUnicode_GET_LENGTH(v);
+    if (PyUnicode_IS_ASCII(v)) {
+        return put_text(
+            self, n < 256 ? M_SHORT_ASCII : M_ASCII, (const char *)PyUnicode_1BYTE_DATA(v), n);
+    }
+    PyObject *utf8 = PyUnicode_AsEncodedString(v, "utf8", "surrogatepass");
+    if (utf8 == NULL) {
+        return -1;
+    }
+    int done = put_text(self, M_UNICODE, PyBytes_AS_STRING(utf8), PyBytes_GET_SIZE(utf8));
+    Py_DECREF(utf8);
+    return done;
+}
+
+/* An int beyond 64 bits, digit by digit (marshal's M_LONG, as put_int64 writes it). */
+static int
+put_big_int(Recorder *self, PyObject *v)
+{
+    /* On an exact int, which runs no code of a subclass's. */
+    PyObject *rest = PyNumber_Index(v), *zero = PyLong_FromLong(0);
+    PyObject *mask = PyLong_FromLong(0x7fff), *shift = PyLong_FromLong(15);
+    int negative = -1;
+    if (rest != NULL && zero != NULL && mask != NULL && shift != NULL) {
+        negative = PyObject_RichCompareBool(rest, zero, Py_LT);
+        if (negative == 1) {
+            Py_SETREF(rest, PyNumber_Negative(rest));
+        }
+    }
+    Py_ssize_t head = self->size;
+    int done = negative < 0 || rest == NULL ? -1 : put_code_i32(self, M_LONG, 0);
+    int32_t digits = 0;
+    while (done == 0) {
+        int more = PyObject_IsTrue(rest);
+        if (more <= 0) {
+            done = more;
+            break;
+        }
+        PyObject *digit = PyNumber_And(rest, mask);
+        long d = digit == NULL ? -1 : PyLong_AsLong(digit);
+        Py_XDECREF(digit);
+        Py_SETREF(rest, d < 0 ? NULL : PyNumber_Rshift(rest, shift));
+        unsigned char out[2] = {(unsigned char)(d & 0xff), (unsigned char)((d >> 8) & 0x7f)};
+        done = rest == NULL ? -1 : put_raw(self, out, 2);
+        digits++;
+    }
+    if (done == 0) {
+        le32((unsigned char *)self->data + head + 1, (uint32_t)(negative ? -digits : digits));
+    }
+    Py_XDECREF(rest);
+    Py_XDECREF(zero);
+    Py_XDECREF(mask);
+    Py_XDECREF(shift);
+    return done;
+}
+
+/* Whether marshal's format holds `v` as it is: None, bool, int, float, str (subclasses as
+   their base) and tuples of them, nested up to M_DEPTH. Runs no Python code. */
+static int
+is_plain(PyObject *v, int depth)
+{
+    if (v == Py_None || PyBool_Check(v) || PyUnicode_Check(v) || PyLong_Check(v) ||
+        PyFloat_Check(v)) {
+        return 1;
+    }
+    if (!PyTuple_Check(v) || depth >= M_DEPTH) {
+        return 0;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(v); i++) {
+        if (!is_plain(PyTuple_GET_ITEM(v, i), depth + 1)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* `v` made plain (a new reference): itself if it is, else with every value that is not
+   replaced by its str(). This is where recording runs Python code, before an event is
+   written: a str() may record events of its own, which then come first. */
+static PyObject *
+plain(PyObject *v, int depth)
+{
+    if (is_plain(v, depth)) {
+        return Py_NewRef(v);
+    }
+    if (PyTuple_Check(v) && depth < M_DEPTH) {
+        Py_ssize_t n = PyTuple_GET_SIZE(v);
+        PyObject *copy = PyTuple_New(n);
+        for (Py_ssize_t i = 0; copy != NULL && i < n; i++) {
+            PyObject *item = plain(PyTuple_GET_ITEM(v, i), depth + 1);
+            if (item == NULL) {
+                Py_CLEAR(copy);
+                break;
+            }
+            PyTuple_SET_ITEM(copy, i, item);
+        }
+        return copy;
+    }
+    PyObject *text = PyObject_Str(v);
+    if (text == NULL) {
+        /* A str() that raises must not break the code being recorded: its type says what
+           it was. */
+        PyErr_Clear();
+        text = PyUnicode_FromFormat("<unprintable %s>", Py_TYPE(v)->tp_name);
+    }
+    else if (!PyUnicode_CheckExact(text)) {
+        Py_SETREF(text, PyUnicode_FromObject(text)); /* a str subclass from __str__ */
+    }
+    return text;
+}
+
+/* A plain value (see is_plain) in marshal's format; runs no Python code. */
+static int
+put_value(Recorder *self, PyObject *v)
+{
+    if (v == Py_None) {
+        return put_byte(self, M_NONE);
+    }
+    if (v == Py_True || v == Py_False) {
+        return put_byte(self, v == Py_True ? M_TRUE : M_FALSE);
+    }
+    if (PyUnicode_Check(v)) {
+        return put_str(self, v);
+    }
+    if (PyLong_Check(v)) {
+        int overflow;
+        long long n = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (n == -1 && PyErr_Occurred()) {
+            return -1;
+        }
+        return overflow ? put_big_int(self, v) : put_int64(self, n);
+    }
+    if (PyFloat_Check(v)) {
+        unsigned char out[9] = {M_FLOAT};
+        if (PyFloat_Pack8(PyFloat_AS_DOUBLE(v), (char *)out + 1, 1) < 0) {
+            return -1;
+        }
+        return put_raw(self, out, 9);
+    }
+    if (PyTuple_Check(v)) {
+        Py_ssize_t n = PyTuple_GET_SIZE(v);
+        if (put_tuple_head(self, n) < 0) {
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (put_value(self, PyTuple_GET_ITEM(v, i)) < 0) {
+                return -1;
+            }
+        }
+        return 0;
+    }
+    PyErr_Format(PyExc_SystemError, "aprof._recorder: %.200s is not plain", Py_TYPE(v)->tp_name);
+    return -1;
+}
+
+static int
+put_tuple_head(Recorder *self, Py_ssize_t n)
+{
+    if (n < 256) {
+        unsigned char out[2] = {M_SMALL_TUPLE, (unsigned char)n};
+        return put_raw(self, out, 2);
+    }
+    return put_code_i32(self, M_TUPLE, (int32_t)n);
+}
+
+/* Whether one more event fits: 1 if so, 0 if it is dropped (and counted), -1 on error. */
+static int
+reserve(Recorder *self)
+{
+    if (self->count >= self->room) {
+        PyObject *called = PyObject_CallNoArgs(self->on_full);
+        if (called == NULL) {
+            return -1;
+        }
+        Py_DECREF(called);
+        if (self->count >= self->room) {
+            self->dropped++;
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Close an event begun at `mark` (after reserve): counted if `done` is 0, taken back if not. */
+static int
+finish(Recorder *self, Py_ssize_t mark, int done)
+{
+    if (done < 0) {
+        self->size = mark;
+        return -1;
+    }
+    self->count++;
+    return 0;
+}
+
+static PyObject *
+recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *on_full;
+    if (kwargs != NULL && PyDict_GET_SIZE(kwargs) > 0) {
+        PyErr_SetString(PyExc_TypeError, "Recorder() takes no keyword arguments");
+        return NULL;
+    }
+    if (!PyArg_UnpackTuple(args, "Recorder", 1, 1, &on_full)) {
+        return NULL;
+    }
+    if (!PyCallable_Check(on_full)) {
+        PyErr_SetString(PyExc_TypeError, "Recorder(on_full): on_full must be callable");
+        return NULL;
+    }
+    Recorder *self = (Recorder *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->on_full = Py_NewRef(on_full);
+    self->open = PySet_New(NULL);
+    if (self->open == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    self->data = PyMem_Malloc(1 << 16);
+    if (self->data == NULL) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    self->capacity = 1 << 16;
+    self->size = M_HEAD;
+    return (PyObject *)self;
+}
+
+static int
+recorder_traverse(Recorder *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->open);
+    Py_VISIT(self->on_full);
+    return 0;
+}
+
+static int
+recorder_clear(Recorder *self)
+{
+    Py_CLEAR(self->open);
+    Py_CLEAR(self->on_full);
+    return 0;
+}
+
+static void
+recorder_dealloc(Recorder *self)
+{
+    PyObject_GC_UnTrack(self);
+    recorder_clear(self);
+    PyMem_Free(self->data);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+recorder_add(Recorder *self, PyObject *event)
+{
+    if (!PyTuple_Check(event)) {
+        PyErr_Format(PyExc_TypeError, "an event is a tuple, not %.200s", Py_TYPE(event)->tp_name);
+        return NULL;
+    }
+    PyObject *written = plain(event, 0);
+    if (written == NULL) {
+        return NULL;
+    }
+    int fits = reserve(self);
+    Py_ssize_t mark = self->size;
+    int done = fits == 1 ? finish(self, mark, put_value(self, written)) : fits;
+    Py_DECREF(written);
+    if (done < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+recorder_take(Recorder *self, PyObject *unused)
+{
+    self->data[0] = M_LIST;
+    le32((unsigned char *)self->data + 1, (uint32_t)self->count);
+    PyObject *taken = PyBytes_FromStringAndSize(self->data, self->size);
+    if (taken != NULL) {
+        self->size = M_HEAD;
+        self->count = 0;
+    }
+    return taken;
+}
+
+static PyMethodDef recorder_methods[] = {
+    {"add", (PyCFunction)recorder_add, METH_O,
+     "add(event): record an event tuple (steps and windows; spans and requests record "
+     "themselves)."},
+    {"take", (PyCFunction)recorder_take, METH_NOARGS,
+     "take() -> bytes: the events recorded since the last take, as marshal's bytes of a "
+     "list; the recorder holds none after."},
+    {NULL},
+};
+
+static PyMemberDef recorder_members[] = {
+    {"open", T_OBJECT, offsetof(Recorder, open), READONLY,
+     "Spans and requests begun and not ended yet."},
+    {"room", T_PYSSIZET, offsetof(Recorder, room), 0,
+     "How many events the recorder may hold before it calls on_full."},
+    {"count", T_PYSSIZET, offsetof(Recorder, count), READONLY, "Events held."},
+    {"dropped", T_PYSSIZET, offsetof(Recorder, dropped), READONLY,
+     "Events that found no room, even after on_full, over the recorder's life."},
+    {NULL},
+};
+
+static PyTypeObject Recorder_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "aprof._recorder.Recorder",
+    .tp_basicsize = sizeof(Recorder),
+    .tp_dealloc = (destructor)recorder_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Recorder(on_full): a timeline's events, held as marshal's bytes until taken.\n\n"
+              "An event that finds `count >= room` calls on_full() first (which may take the "
+              "events\nand raise the room) and is dropped and counted if there is no room "
+              "then.",
+    .tp_traverse = (traverseproc)recorder_traverse,
+    .tp_clear = (inquiry)recorder_clear,
+    .tp_methods = recorder_methods,
+    .tp_members = recorder_members,
+    .tp_new = recorder_new,
+};
+
+/* -- what Span and Request share ------------------------------------------------------- */
+
+/* The note of what `__exit__` ends: None, or the exception's type name. */
+static PyObject *
+note_of(PyObject *exc_type)
+{
+    if (exc_type == Py_None) {
+        return Py_NewRef(Py_None);
+    }
+    if (PyType_Check(exc_type)) {
+        return PyType_GetName((PyTypeObject *)exc_type);
+    }
+    return PyObject_Str(exc_type);
+}
+
+static int
+check_recorder(PyObject *recorder)
+{
+    if (Py_TYPE(recorder) == &Recorder_Type) {
+        return 0;
+    }
+    PyErr_Format(PyExc_TypeError, "expected a Recorder, not %.200s", Py_TYPE(recorder)->tp_name);
+    return -1;
+}
+
+static int
+check_end(Py_ssize_t nargs, PyObject *const *args, int64_t *end)
+{
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "_end(end, note) takes 2 arguments, got %zd", nargs);
+        return -1;
+    }
+    *end = PyLong_AsLongLong(args[0]);
+    return *end == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+static int
+check_exit(const char *method, Py_ssize_t nargs)
+{
+    if (nargs == 3) {
+        return 0;
+    }
+    PyErr_Format(
+        PyExc_TypeError, "%s(exc_type, exc, tb) takes 3 arguments, got %zd", method, nargs);
+    return -1;
+}
+
+/* -- Span ------------------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    Recorder *recorder;
+    PyObject *name;
+    PyObject *attrs;
+    PyObject *step;
+    int64_t begin;
+} Span;
+
+static PyTypeObject Span_Type;
+
+static PyObject *
+span_make(PyObject *recorder, PyObject *name, PyObject *attrs, PyObject *step)
+{
+    if (check_recorder(recorder) < 0) {
+        return NULL;
+    }
+    if (!PyDict_Check(attrs)) {
+        PyErr_Format(
+            PyExc_TypeError, "Span attrs must be a dict, not %.200s", Py_TYPE(attrs)->tp_name);
+        return NULL;
+    }
+    Span *self = PyObject_New(Span, &Span_Type);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->recorder = (Recorder *)Py_NewRef(recorder);
+    self->name = Py_NewRef(name);
+    self->attrs = Py_NewRef(attrs);
+    self->step = Py_NewRef(step);
+    self->begin = 0;
+    return (PyObject *)self;
+}
+
+static PyObject *
+span_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 4 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0)) {
+        PyErr_SetString(
+            PyExc_TypeError, "Span(recorder, name, attrs, step) takes 4 positional arguments");
+        return NULL;
+    }
+    return span_make(args[0], args[1], args[2], args[3]);
+}
+
+static PyObject *
+span_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *recorder, *name, *attrs, *step;
+    if (kwargs != NULL && PyDict_GET_SIZE(kwargs) > 0) {
+        PyErr_SetString(PyExc_TypeError, "Span() takes no keyword arguments");
+        return NULL;
+    }
+    if (!PyArg_UnpackTuple(args, "Span", 4, 4, &recorder, &name, &attrs, &step)) {
+        return NULL;
+    }
+    return span_make(recorder, name, attrs, step);
+}
+
+static void
+span_dealloc(Span *self)
+{
+    Py_DECREF(self->recorder);
+    Py_DECREF(self->name);
+    Py_DECREF(self->attrs);
+    Py_DECREF(self->step);
+    PyObject_Free(self);
+}
+
+static int
+span_begin(Span *self)
+{
+    self->begin = now_ns();
+    return PySet_Add(self->recorder->open, (PyObject *)self);
+}
+
+/* `attrs` made plain (a new reference): itself if all its keys and values are (see plain),
+   else a copy whose are. */
+static PyObject *
+plain_attrs(PyObject *attrs)
+{
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    int all = 1;
+    while (all && PyDict_Next(attrs, &pos, &key, &value)) {
+        all = is_plain(key, 1) && is_plain(value, 1);
+    }
+    if (all) {
+        return Py_NewRef(attrs);
+    }
+    PyObject *items = PyDict_Items(attrs); /* a str() below may change the dict */
+    PyObject *copy = items == NULL ? NULL : PyDict_New();
+    for (Py_ssize_t i = 0; copy != NULL && i < PyList_GET_SIZE(items); i++) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        PyObject *k = plain(PyTuple_GET_ITEM(item, 0), 1);
+        PyObject *v = k == NULL ? NULL : plain(PyTuple_GET_ITEM(item, 1), 1);
+        if (v == NULL || PyDict_SetItem(copy, k, v) < 0) {
+            Py_CLEAR(copy);
+        }
+        Py_XDECREF(k);
+        Py_XDECREF(v);
+    }
+    Py_XDECREF(items);
+    return copy;
+}
+
+/* (SPAN, name, begin_ns, end_ns, step, note, *keys, *values), of plain values. */
+static int
+put_span(Recorder *rec, PyObject *name, int64_t begin, int64_t end, PyObject *step,
+         PyObject *note, PyObject *attrs)
+{
+    Py_ssize_t n = PyDict_GET_SIZE(attrs), pos = 0;
+    PyObject *key, *value;
+    if (put_tuple_head(rec, 6 + 2 * n) < 0 || put_int64(rec, KIND_SPAN) < 0 ||
+        put_value(rec, name) < 0 || put_int64(rec, begin) < 0 || put_int64(rec, end) < 0 ||
+        put_value(rec, step) < 0 || put_value(rec, note) < 0) {
+        return -1;
+    }
+    while (PyDict_Next(attrs, &pos, &key, &value)) {
+        if (put_value(rec, key) < 0) {
+            return -1;
+        }
+    }
+    pos = 0;
+    while (PyDict_Next(attrs, &pos, &key, &value)) {
+        if (put_value(rec, value) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Record the span as ended at `end` with `note`, unless it ended already (at the close). */
+static int
+span_end(Span *self, int64_t end, PyObject *note)
+{
+    Recorder *rec = self->recorder;
+    int found = PySet_Discard(rec->open, (PyObject *)self);
+    if (found != 1) {
+        return found;
+    }
+    PyObject *name = plain(self->name, 1), *step = plain(self->step, 1);
+    PyObject *why = plain(note, 1), *attrs = plain_attrs(self->attrs);
+    int done = -1;
+    if (name != NULL && step != NULL && why != NULL && attrs != NULL) {
+        int fits = reserve(rec);
+        Py_ssize_t mark = rec->size;
+        done = fits == 1 ? finish(rec, mark, put_span(rec, name, self->begin, end, step, why,
+                                                       attrs))
+                         : fits;
+    }
+    Py_XDECREF(name);
+    Py_XDECREF(step);
+    Py_XDECREF(why);
+    Py_XDECREF(attrs);
+    return done;
+}
+
+static PyObject *
+span_enter(Span *self, PyObject *unused)
+{
+    if (span_begin(self) < 0) {
+        return NULL;
+    }
+    return Py_NewRef(self);
+}
+
+static PyObject *
+span_aenter(Span *self, PyObject *unused)
+{
+    if (span_begin(self) < 0) {
+        return NULL;
+    }
+    return ready_new((PyObject *)self);
+}
+
+static int
+span_exit_common(Span *self, PyObject *exc_type)
+{
+    int64_t end = now_ns();
+    PyObject *note = note_of(exc_type);
+    if (note == NULL) {
+        return -1;
+    }
+    int done = span_end(self, end, note);
+    Py_DECREF(note);
+    return done;
+}
+
+static PyObject *
+span_exit(Span *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (check_exit("__exit__", nargs) < 0 || span_exit_common(self, args[0]) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+span_aexit(Span *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (check_exit("__aexit__", nargs) < 0 || span_exit_common(self, args[0]) < 0) {
+        return NULL;
+    }
+    return Py_NewRef(ready_none);
+}
+
+static PyObject *
+span_end_method(Span *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t end;
+    if (check_end(nargs, args, &end) < 0 || span_end(self, end, args[1]) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef span_methods[] = {
+    {"__enter__", (PyCFunction)span_enter, METH_NOARGS, "Begin the span."},
+    {"__exit__", (PyCFunction)(void (*)(void))span_exit, METH_FASTCALL,
+     "End the span; noted with the exception's type name if one is raised."},
+    {"__aenter__", (PyCFunction)span_aenter, METH_NOARGS,
+     "Begin the span; the awaitable returned is done."},
+    {"__aexit__", (PyCFunction)(void (*)(void))span_aexit, METH_FASTCALL,
+     "End the span as __exit__ does; the awaitable returned is done."},
+    {"_end", (PyCFunction)(void (*)(void))span_end_method, METH_FASTCALL,
+     "_end(end, note): record the span as ended at `end` (monotonic ns) with `note`, unless "
+     "it ended already."},
+    {NULL},
+};
+
+static PyTypeObject Span_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "aprof._recorder.Span",
+    .tp_basicsize = sizeof(Span),
+    .tp_dealloc = (destructor)span_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Span(recorder, name, attrs, step): one timeline span, for `with` or `async "
+              "with`;\nrecorded when it ends.",
+    .tp_methods = span_methods,
+    .tp_new = span_new,
+    .tp_vectorcall = span_vectorcall,
+};
+
+/* -- Request --------------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *prof;
+    Recorder *recorder; /* NULL while the timeline is off */
+    PyObject *replica;
+    PyObject *request_id;
+    PyObject *step;
+    long long tokens;
+    int64_t begin;
+    char gated;
+    char captured;
+} Request;
+
+static PyTypeObject Request_Type;
+
+static PyObject *
+request_make(PyObject *prof, PyObject *recorder, PyObject *replica, PyObject *request_id)
+{
+    if (recorder != Py_None && check_recorder(recorder) < 0) {
+        return NULL;
+    }
+    Request *self = PyObject_New(Request, &Request_Type);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->prof = Py_NewRef(prof);
+    self->recorder = recorder == Py_None ? NULL : (Recorder *)Py_NewRef(recorder);
+    self->replica = Py_NewRef(replica);
+    self->request_id = Py_NewRef(request_id);
+    self->step = Py_NewRef(Py_None);
+    self->tokens = 0;
+    self->begin = 0;
+    self->gated = 0;
+    self->captured = 0;
+    return (PyObject *)self;
+}
+
+static PyObject *
+request_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 4 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "Request(prof, recorder, replica, request_id) takes 4 positional "
+                        "arguments");
+        return NULL;
+    }
+    return request_make(args[0], args[1], args[2], args[3]);
+}
+
+static PyObject *
+request_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *prof, *recorder, *replica, *request_id;
+    if (kwargs != NULL && PyDict_GET_SIZE(kwargs) > 0) {
+        PyErr_SetString(PyExc_TypeError, "Request() takes no keyword arguments");
+        return NULL;
+    }
+    if (!PyArg_UnpackTuple(args, "Request", 4, 4, &prof, &recorder, &replica, &request_id)) {
+        return NULL;
+    }
+    return request_make(prof, recorder, replica, request_id);
+}
+
+static void
+request_dealloc(Request *self)
+{
+    Py_DECREF(self->prof);
+    Py_XDECREF(self->recorder);
+    Py_DECREF(self->replica);
+    Py_DECREF(self->request_id);
+    Py_DECREF(self->step);
+    PyObject_Free(self);
+}
+
+/* (REQUEST, begin_ns, end_ns, replica, request_id, step, gated, captured, tokens, note), of
+   plain values. */
+static int
+put_request(Recorder *rec, Request *self, int64_t end, PyObject *replica, PyObject *request_id,
+            PyObject *step, PyObject *note)
+{
+    return put_tuple_head(rec, 10) < 0 || put_int64(rec, KIND_REQUEST) < 0 ||
+                   put_int64(rec, self->begin) < 0 || put_int64(rec, end) < 0 ||
+                   put_value(rec, replica) < 0 || put_value(rec, request_id) < 0 ||
+                   put_value(rec, step) < 0 ||
+                   put_byte(rec, self->gated ? M_TRUE : M_FALSE) < 0 ||
+                   put_byte(rec, self->captured ? M_TRUE : M_FALSE) < 0 ||
+                   put_int64(rec, self->tokens) < 0 || put_value(rec, note) < 0
+               ? -1
+               : 0;
+}
+
+/* Record the request as ended at `end` with `note`, unless it ended already (or the timeline
+   is off). */
+static int
+request_end(Request *self, int64_t end, PyObject *note)
+{
+    Recorder *rec = self->recorder;
+    if (rec == NULL) {
+        return 0;
+    }
+    int found = PySet_Discard(rec->open, (PyObject *)self);
+    if (found != 1) {
+        return found;
+    }
+    PyObject *replica = plain(self->replica, 1), *request_id = plain(self->request_id, 1);
+    PyObject *step = plain(self->step, 1), *why = plain(note, 1);
+    int done = -1;
+    if (replica != NULL && request_id != NULL && step != NULL && why != NULL) {
+        int fits = reserve(rec);
+        Py_ssize_t mark = rec->size;
+        done = fits == 1
+                   ? finish(rec, mark, put_request(rec, self, end, replica, request_id, step, why))
+                   : fits;
+    }
+    Py_XDECREF(replica);
+    Py_XDECREF(request_id);
+    Py_XDECREF(step);
+    Py_XDECREF(why);
+    return done;
+}
+
+/* `async with prof.request(...)`: take the step, begin the span, and let the request go;
+   while the step has rollout windows, the profiler's `_gate` counts it first and may give
+   an awaitable that lets it go later. */
+static PyObject *
+request_aenter(Request *self, PyObject *unused)
+{
+    PyObject *step = PyObject_GetAttr(self->prof, str_step);
+    if (step == NULL) {
+        return NULL;
+    }
+    Py_SETREF(self->step, step);
+    PyObject *live = PyObject_GetAttr(self->prof, str_rollout_live);
+    int gate = live == NULL ? -1 : PyObject_IsTrue(live);
+    Py_XDECREF(live);
+    if (gate < 0) {
+        return NULL;
+    }
+    if (self->recorder != NULL) {
+        self->begin = now_ns();
+        if (PySet_Add(self->recorder->open, (PyObject *)self) < 0) {
+            return NULL;
+        }
+    }
+    if (gate) {
+        PyObject *wait = PyObject_CallMethodOneArg(self->prof, str_gate, (PyObject *)self);
+        if (wait == NULL) {
+            /* No __aexit__ follows a failed __aenter__: the request ends here. */
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyObject *note = PyType_GetName((PyTypeObject *)type);
+            if (note == NULL || request_end(self, now_ns(), note) < 0) {
+                PyErr_Clear(); /* the exception that ended the request is the one to raise */
+            }
+            Py_XDECREF(note);
+            PyErr_Restore(type, value, tb);
+            return NULL;
+        }
+        if (wait != Py_None) {
+            return wait;
+        }
+        Py_DECREF(wait);
+    }
+    return ready_new((PyObject *)self);
+}
+
+static PyObject *
+request_aexit(Request *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (check_exit("__aexit__", nargs) < 0) {
+        return NULL;
+    }
+    if (self->recorder != NULL) {
+        int64_t end = now_ns();
+        PyObject *note = note_of(args[0]);
+        if (note == NULL) {
+            return NULL;
+        }
+        int done = request_end(self, end, note);
+        Py_DECREF(note);
+        if (done < 0) {
+            return NULL;
+        }
+    }
+    return Py_NewRef(ready_none);
+}
+
+static PyObject *
+request_end_method(Request *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t end;
+    if (check_end(nargs, args, &end) < 0 || request_end(self, end, args[1]) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+request_forward(Request *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    if (nargs + nkw > 1) {
+        PyErr_SetString(PyExc_TypeError, "forward(tokens=0) takes at most 1 argument");
+        return NULL;
+    }
+    if (nkw == 1) {
+        PyObject *kw = PyTuple_GET_ITEM(kwnames, 0);
+        /* Keyword names in calls are interned, so the identity is the usual match. */
+        int other = kw == str_tokens ? 0 : PyUnicode_Compare(kw, str_tokens);
+        if (other != 0) {
+            if (!PyErr_Occurred()) {
+                PyErr_Format(
+                    PyExc_TypeError, "forward() got an unexpected keyword argument %R", kw);
+            }
+            return NULL;
+        }
+    }
+    if (nargs + nkw == 1) {
+        PyObject *tokens = args[0];
+        if (!PyLong_Check(tokens)) {
+            PyErr_Format(PyExc_TypeError, "forward() tokens must be an int, not %.200s",
+                         Py_TYPE(tokens)->tp_name);
+            return NULL;
+        }
+        long long n = PyLong_AsLongLong(tokens);
+        if (n == -1 && PyErr_Occurred()) {
+            return NULL;
+        }
+        if ((n > 0 && self->tokens > LLONG_MAX - n) || (n < 0 && self->tokens < LLONG_MIN - n)) {
+            PyErr_SetString(PyExc_OverflowError, "forward() tokens add up beyond 64 bits");
+            return NULL;
+        }
+        self->tokens += n;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+request_repr(Request *self)
+{
+    return PyUnicode_FromFormat("Request(replica=%R, request_id=%R, step=%R, gated=%s, "
+                                "captured=%s)",
+                                self->replica, self->request_id, self->step,
+                                self->gated ? "True" : "False",
+                                self->captured ? "True" : "False");
+}
+
+static PyMethodDef request_methods[] = {
+    {"__aenter__", (PyCFunction)request_aenter, METH_NOARGS,
+     "Take the current step and let the request go, after its replica's capture has "
+     "started if it is starting."},
+    {"__aexit__", (PyCFunction)(void (*)(void))request_aexit, METH_FASTCALL,
+     "Record the request; noted with the exception's type name if one is raised."},
+    {"_end", (PyCFunction)(void (*)(void))request_end_method, METH_FASTCALL,
+     "_end(end, note): record the request as ended at `end` (monotonic ns) with `note`, "
+     "unless it ended already."},
+    {"forward", (PyCFunction)(void (*)(void))request_forward, METH_FASTCALL | METH_KEYWORDS,
+     "forward(tokens=0): report progress of the request; reported tokens add up."},
+    {NULL},
+};
+
+static PyMemberDef request_members[] = {
+    {"replica", T_OBJECT, offsetof(Request, replica), READONLY,
+     "The replica the request goes to."},
+    {"request_id", T_OBJECT, offsetof(Request, request_id), READONLY,
+     "The caller's identifier for the request, if any."},
+    {"step", T_OBJECT, offsetof(Request, step), READONLY,
+     "The global step the request was admitted in (None outside any step)."},
+    {"gated", T_BOOL, offsetof(Request, gated), 0,
+     "The request waited for its replica's capture to start."},
+    {"captured", T_BOOL, offsetof(Request, captured), 0,
+     "A capture of its replica was active when the request went ahead."},
+    {"tokens", T_LONGLONG, offsetof(Request, tokens), READONLY,
+     "Tokens reported through forward()."},
+    {NULL},
+};
+
+static PyTypeObject Request_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "aprof.Request",
+    .tp_basicsize = sizeof(Request),
+    .tp_dealloc = (destructor)request_dealloc,
+    .tp_repr = (reprfunc)request_repr,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc =
+        "One agent-loop request to a replica, as an async context manager and its own "
+        "handle.\n\n"
+        "``async with prof.request(replica=0, request_id=\"s3-t1\") as req:`` waits while the\n"
+        "replica's capture for the current step is starting (bounded by the start timeout),\n"
+        "then lets the request go; ``req.step``, ``req.gated`` and ``req.captured`` say what\n"
+        "happened. The request is one timeline span, recorded when it ends.",
+    .tp_methods = request_methods,
+    .tp_members = request_members,
+    .tp_new = request_new,
+    .tp_vectorcall = request_vectorcall,
+};
+
+/* -- the module ------------------------------------------------------------------------ */
+
+static struct PyModuleDef recorder_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "aprof._recorder",
+    .m_doc = "The timeline's hot path: Recorder, Span and Request.",
+    .m_size = -1,
+};
+
+static int
+intern(PyObject **name, const char *text)
+{
+    *name = PyUnicode_InternFromString(text);
+    return *name == NULL ? -1 : 0;
+}
+
+PyMODINIT_FUNC
+PyInit__recorder(void)
+{
+    if (intern(&str_gate, "_gate") < 0 || intern(&str_rollout_live, "_rollout_live") < 0 ||
+        intern(&str_step, "_step") < 0 || intern(&str_tokens, "tokens") < 0) {
+        return NULL;
+    }
+    if (PyType_Ready(&Ready_Type) < 0 || PyType_Ready(&Recorder_Type) < 0 ||
+        PyType_Ready(&Span_Type) < 0 || PyType_Ready(&Request_Type) < 0) {
+        return NULL;
+    }
+    ready_none = ready_new(Py_None);
+    if (ready_none == NULL) {
+        return NULL;
+    }
+    PyObject *module = PyModule_Create(&recorder_module);
+    if (module == NULL) {
+        return NULL;
+    }
+    if (PyModule_AddObjectRef(module, "Recorder", (PyObject *)&Recorder_Type) < 0 ||
+        PyModule_AddObjectRef(module, "Span", (PyObject *)&Span_Type) < 0 ||
+        PyModule_AddObjectRef(module, "Request", (PyObject *)&Request_Type) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}

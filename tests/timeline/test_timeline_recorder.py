@@ -1,0 +1,818 @@
+"""The C recorder's own contract (``aprof/_recorder.c``): what an event holds after the trip
+through marshal's bytes, room and dropping, spans and requests as context managers, and that
+none of it leaks references or burdens the garbage collector."""
+
+from __future__ import annotations
+
+import enum
+import gc
+import marshal
+import math
+import sys
+import time
+from collections import namedtuple
+from collections.abc import Callable
+from decimal import Decimal
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+import aprof
+from aprof._chrome_trace import REQUEST, SPAN
+from aprof._recorder import Recorder, Request, Span
+from aprof._timeline import OPEN_AT_CLOSE
+from aprof.testing import RecordingTarget
+
+MakeConfig = Callable[..., aprof.ProfilerConfig]
+
+
+def _no_room_expected() -> None:
+    raise AssertionError("on_full was called")
+
+
+def recorder(room: int = 10_000) -> Recorder:
+    """A recorder with room for ``room`` events that fails the test if it fills up."""
+    rec = Recorder(_no_room_expected)
+    rec.room = room
+    return rec
+
+
+def taken(rec: Recorder) -> list[Any]:
+    """The recorder's events, read back the way the writer process reads them."""
+    events = marshal.loads(rec.take())
+    assert isinstance(events, list)
+    return events
+
+
+def same(a: object, b: object) -> bool:
+    """Equal and of the same type, all the way down; nan equals nan, -0.0 differs from 0.0."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        assert isinstance(b, float)
+        if math.isnan(a):
+            return math.isnan(b)
+        return a == b and math.copysign(1, a) == math.copysign(1, b)
+    if isinstance(a, tuple):
+        assert isinstance(b, tuple)
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+# -- 1. encoding ---------------------------------------------------------------------------
+
+EDGE_INTS = [
+    0,
+    1,
+    -1,
+    2**15 - 1,
+    2**15,
+    -(2**15),
+    2**31 - 1,
+    2**31,
+    -(2**31),
+    -(2**31) - 1,
+    2**32,
+    2**63 - 1,
+    2**63,
+    -(2**63),
+    -(2**63) - 1,
+    2**64,
+    -(2**64),
+    2**200,
+    -(2**200) + 1,
+]
+ints = st.integers() | st.sampled_from(EDGE_INTS) | st.integers(-(2**300), 2**300)
+chars = st.characters() | st.characters(categories=["Cs"])  # lone surrogates too
+
+
+def _stretched(pattern: str, length: int) -> str:
+    return (pattern * length)[:length]
+
+
+# Long strings cross the short form's 255 limit; made by repeating a short one, which is as
+# good a test of the length field and much cheaper to generate.
+long_texts = st.builds(
+    _stretched,
+    st.text(st.characters(max_codepoint=127), min_size=1, max_size=8) | st.text(chars, min_size=1),
+    st.integers(250, 300),
+)
+texts = (
+    st.text(chars, max_size=20)
+    | long_texts
+    | st.sampled_from(["", "\udcff", "a\ud800b", "x" * 255, "x" * 256])
+)
+leaves = st.none() | st.booleans() | ints | st.floats() | texts
+
+
+def _depth(value: object) -> int:
+    return 1 + max(map(_depth, value), default=0) if isinstance(value, tuple) else 0
+
+
+def _long_tuple(items: list[object], length: int) -> tuple[object, ...]:
+    return tuple(items[i % len(items)] for i in range(length))
+
+
+# An event's items are written at depth 1 and a tuple from depth 8 on as its str() (M_DEPTH):
+# values nest at most 7 tuples deep, so each comes back as it was.
+values = st.recursive(
+    leaves
+    | st.builds(_long_tuple, st.lists(leaves, min_size=1, max_size=4), st.integers(256, 300)),
+    lambda inner: st.lists(inner, max_size=4).map(tuple),
+    max_leaves=8,
+).filter(lambda value: _depth(value) <= 7)
+events = st.lists(values, max_size=6).map(tuple)
+
+BIG_TUPLE = tuple(range(-150, 150))
+
+
+def _nested(levels: int, inner: tuple[Any, ...]) -> tuple[Any, ...]:
+    for _ in range(levels):
+        inner = (inner,)
+    return inner
+
+
+DEEPEST = _nested(7, ("at depth 7", 1.5))
+"""An event whose innermost tuple is at depth 7, the deepest written as a tuple."""
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batch=st.lists(events, min_size=1, max_size=3))
+@example(batch=[tuple(EDGE_INTS)])
+@example(batch=[(math.nan, math.inf, -math.inf, -0.0, 0.0, 5e-324, sys.float_info.max)])
+@example(batch=[("\udcff", "a" * 300, "ü" * 300, "", "\U0001f600")])
+@example(batch=[BIG_TUPLE, (BIG_TUPLE, ((BIG_TUPLE,),))])
+@example(batch=[DEEPEST])
+def test_events_of_plain_values_come_back_equal_and_in_order(batch: list[tuple[Any, ...]]) -> None:
+    """None, bools, ints of any size, floats (nan, inf, -0.0), any str (lone surrogates too)
+    and tuples of them (more than 255 items too) come back as recorded, in order."""
+    rec = recorder()
+    for event in batch:
+        rec.add(event)
+    assert rec.count == len(batch)
+    back = taken(rec)
+    assert same(tuple(back), tuple(batch)), (back, batch)
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=values, attrs=st.dictionaries(texts, values, max_size=4), step=st.none() | ints)
+def test_a_span_of_plain_values_comes_back_with_its_attrs_flat(
+    name: Any, attrs: dict[str, Any], step: int | None
+) -> None:
+    """``(SPAN, name, begin, end, step, note, *keys, *values)``, the attrs in their order."""
+    rec = recorder()
+    with Span(rec, name, attrs, step):
+        pass
+    [(kind, back_name, _, _, back_step, note, *rest)] = taken(rec)
+    assert same(
+        (kind, back_name, back_step, note, *rest),
+        (SPAN, name, step, None, *attrs.keys(), *attrs.values()),
+    )
+
+
+def test_values_of_other_types_come_back_as_their_str() -> None:
+    """A list, a dict, a set, a Path, bytes, a Decimal, a complex, any object: its str()."""
+
+    class Named:
+        def __str__(self) -> str:
+            return "named ü"
+
+    others: list[object] = [
+        [1, "a"],
+        {"k": (1, 2)},
+        {3},
+        Path("/tmp/x y"),
+        b"\x00b",
+        Decimal("1.10"),
+        1 + 2j,
+        Named(),
+        object,
+    ]
+    rec = recorder()
+    rec.add(tuple(others))
+    rec.add(((others[0], (others[3],)),))  # inside nested tuples as well
+    assert taken(rec) == [tuple(str(v) for v in others), ((str(others[0]), (str(others[3]),)),)]
+
+
+def test_tuples_nested_deeper_than_the_limit_come_back_as_their_str() -> None:
+    """The tuple at depth 8 (the event is depth 0) is written as its str(), not followed."""
+    inner = (1,)
+    rec = recorder()
+    rec.add(_nested(8, inner))
+    with Span(rec, "span", {"k": _nested(7, inner)}, None):  # a span's values are at depth 1
+        pass
+    added, span = taken(rec)
+    assert added == _nested(7, (str(inner),))
+    assert span[-2:] == ("k", _nested(6, (str(inner),)))
+
+
+class Colour(enum.IntEnum):
+    RED = 1
+
+
+class Text(str):
+    def __str__(self) -> str:
+        return "not the value"
+
+
+class Number(int):
+    def __str__(self) -> str:
+        return "not the value"
+
+
+class Real(float):
+    def __str__(self) -> str:
+        return "not the value"
+
+
+Pair = namedtuple("Pair", "left right")
+
+
+def test_subclasses_of_plain_types_come_back_as_their_base_value() -> None:
+    """A str, int, float or tuple subclass is written as its value, of the base type (its own
+    ``__str__`` is not used)."""
+    rec = recorder()
+    rec.add(
+        (
+            Text("ü text"),
+            Text("ascii"),
+            Number(7),
+            Number(-(2**70)),
+            Number(2**70),
+            Real(-0.5),
+            Colour.RED,
+            Pair(1, Pair("a", None)),
+        )
+    )
+    [back] = taken(rec)
+    assert same(back, ("ü text", "ascii", 7, -(2**70), 2**70, -0.5, 1, (1, ("a", None))))
+
+
+class Unprintable:
+    def __str__(self) -> str:
+        raise ValueError("no str for you")
+
+
+class WrongStr:
+    def __str__(self) -> str:
+        return 5  # type: ignore[return-value]  # str() raises TypeError for it
+
+
+def test_a_value_whose_str_fails_comes_back_as_unprintable_and_its_type() -> None:
+    """A failing str() does not break the code being recorded: the type name stands in."""
+    rec = recorder()
+    rec.add((Unprintable(), "kept", (WrongStr(),)))
+    with Span(rec, "span", {"bad": Unprintable()}, None):
+        pass
+    add, span = taken(rec)
+    assert add == ("<unprintable Unprintable>", "kept", ("<unprintable WrongStr>",))
+    assert span[-2:] == ("bad", "<unprintable Unprintable>")
+
+
+class RecordsWhenShown:
+    """A value whose str() records a span into the same recorder, or takes its events."""
+
+    def __init__(self, rec: Recorder, take: bool = False) -> None:
+        self.rec, self.take = rec, take
+        self.taken: list[Any] = []
+
+    def __str__(self) -> str:
+        if self.take:
+            self.taken = marshal.loads(self.rec.take())
+        else:
+            with Span(self.rec, "inner", {}, None):
+                pass
+        return "shown"
+
+
+def test_a_str_that_records_or_takes_leaves_every_event_whole() -> None:
+    """str() runs before the event is written: what it records comes first, whole, and a
+    take() inside it gets the events before, not half of this one."""
+    rec = recorder()
+    rec.add(("outer", RecordsWhenShown(rec), "end"))
+    with Span(rec, "span", {"value": RecordsWhenShown(rec)}, None):
+        pass
+    inner, outer, inner_too, span = taken(rec)
+    assert inner[:2] == inner_too[:2] == (SPAN, "inner")
+    assert outer == ("outer", "shown", "end")
+    assert span[1] == "span" and span[-2:] == ("value", "shown")
+
+    rec.add(("first",))
+    taking = RecordsWhenShown(rec, take=True)
+    rec.add(("second", taking))
+    assert taking.taken == [("first",)]
+    assert taken(rec) == [("second", "shown")]
+
+
+class SaysNotNegative(int):
+    def __lt__(self, other: object) -> bool:
+        return False
+
+    def __neg__(self) -> int:
+        raise AssertionError("the recorder negated the subclass")
+
+
+def test_an_int_subclass_beyond_64_bits_is_written_as_its_value() -> None:
+    """The sign and digits of a big int come from the exact int, not the subclass's own
+    operators (one that lied about its sign once made the recorder loop forever)."""
+    rec = recorder()
+    rec.add((SaysNotNegative(-(2**70) - 5), SaysNotNegative(2**80)))
+    assert taken(rec) == [(-(2**70) - 5, 2**80)]
+
+
+@pytest.mark.parametrize("event", [[1, 2], None, "event", 3, {"a": 1}])
+def test_add_of_anything_but_a_tuple_raises_type_error(event: object) -> None:
+    rec = recorder()
+    with pytest.raises(TypeError, match=f"an event is a tuple, not {type(event).__name__}"):
+        rec.add(event)  # type: ignore[arg-type]
+    assert (rec.count, rec.dropped, taken(rec)) == (0, 0, [])
+
+
+# -- 2. room and dropping ------------------------------------------------------------------
+
+
+def test_an_event_past_the_room_calls_on_full_once_and_is_dropped_and_counted() -> None:
+    calls: list[int] = []
+    rec = Recorder(lambda: calls.append(rec.count))
+    rec.room = 2
+    rec.add(("a",))
+    rec.add(("b",))
+    assert calls == []
+    rec.add(("c",))
+    assert (calls, rec.count, rec.dropped) == ([2], 2, 1)
+    with Span(rec, "no room", {}, None) as span:
+        pass
+    assert (calls, rec.count, rec.dropped) == ([2, 2], 2, 2)
+    assert span not in rec.open
+    assert taken(rec) == [("a",), ("b",)]
+    assert rec.dropped == 2  # over the recorder's life: a take does not reset it
+
+
+def test_an_on_full_that_takes_the_events_and_raises_the_room_makes_the_event_fit() -> None:
+    handed: list[list[Any]] = []
+
+    def hand_over() -> None:
+        handed.append(taken(rec))
+        rec.room = 3
+
+    rec = Recorder(hand_over)
+    rec.room = 2
+    for name in "abcd":
+        rec.add((name,))
+    with Span(rec, "e", {}, None):
+        pass
+    assert handed == [[("a",), ("b",)]]
+    assert (rec.count, rec.dropped) == (3, 0)
+    assert [event[:2] for event in taken(rec)] == [("c",), ("d",), (SPAN, "e")]
+
+
+def test_take_empties_the_recorder() -> None:
+    rec = recorder()
+    rec.add((1,))
+    rec.add((2,))
+    assert taken(rec) == [(1,), (2,)]
+    assert rec.count == 0
+    assert taken(rec) == []
+    rec.add((3,))
+    assert taken(rec) == [(3,)]
+
+
+class Full(Exception):
+    """What a failing on_full raises."""
+
+
+def _raise_full() -> None:
+    raise Full("no room")
+
+
+def test_an_on_full_that_raises_propagates_out_of_add() -> None:
+    rec = Recorder(_raise_full)
+    rec.room = 1
+    rec.add(("kept",))
+    with pytest.raises(Full, match="no room"):
+        rec.add(("lost",))
+    assert (rec.count, rec.dropped, taken(rec)) == (1, 0, [("kept",)])
+
+
+async def test_an_on_full_that_raises_propagates_out_of_a_span_exit() -> None:
+    """From ``__exit__`` and ``__aexit__`` alike; the span is not left open."""
+    rec = Recorder(_raise_full)
+    rec.room = 0
+    span = Span(rec, "sync", {}, None)
+    with pytest.raises(Full), span:
+        pass
+    aspan = Span(rec, "async", {}, None)
+    with pytest.raises(Full):
+        async with aspan:
+            pass
+    assert span not in rec.open and aspan not in rec.open
+    assert (rec.count, rec.dropped) == (0, 0)
+
+
+# -- 3. spans ------------------------------------------------------------------------------
+
+
+def test_a_span_records_its_name_times_step_and_attrs_on_the_monotonic_clock() -> None:
+    rec = recorder()
+    before = time.monotonic_ns()
+    with Span(rec, "turn", {"a": 1, "b": "x"}, 3) as span:
+        assert isinstance(span, Span)
+        assert span in rec.open
+        inside = time.monotonic_ns()
+    after = time.monotonic_ns()
+    assert span not in rec.open
+    [(kind, name, begin, end, step, note, *rest)] = taken(rec)
+    assert (kind, name, step, note, rest) == (SPAN, "turn", 3, None, ["a", "b", 1, "x"])
+    assert before <= begin <= inside <= end <= after
+
+
+async def test_async_with_span_records_the_same_and_aenter_awaits_to_the_span() -> None:
+    rec = recorder()
+    before = time.monotonic_ns()
+    async with Span(rec, "turn", {"a": 1, "b": "x"}, 3) as span:
+        assert span in rec.open
+    after = time.monotonic_ns()
+    assert span not in rec.open
+    [(kind, name, begin, end, step, note, *rest)] = taken(rec)
+    assert (kind, name, step, note, rest) == (SPAN, "turn", 3, None, ["a", "b", 1, "x"])
+    assert before <= begin <= end <= after
+    other = Span(rec, "awaited", {}, None)
+    assert await other.__aenter__() is other
+    assert await other.__aexit__(None, None, None) is None
+    assert [e[:2] for e in taken(rec)] == [(SPAN, "awaited")]
+
+
+class Planned(Exception):
+    """Raised by a test's span body."""
+
+
+@pytest.mark.parametrize("error", [Planned, KeyError, KeyboardInterrupt])
+async def test_an_exception_in_the_body_is_the_note_and_is_not_swallowed(
+    error: type[BaseException],
+) -> None:
+    rec = recorder()
+    with pytest.raises(error), Span(rec, "sync", {}, None):
+        raise error("body failed")
+    with pytest.raises(error):
+        async with Span(rec, "async", {}, None):
+            raise error("body failed")
+    assert [(e[1], e[5]) for e in taken(rec)] == [
+        ("sync", error.__name__),
+        ("async", error.__name__),
+    ]
+    assert rec.open == set()
+
+
+def test_a_span_ended_at_close_is_recorded_once() -> None:
+    """``_end`` records the span with the given end and note; its own exit later adds
+    nothing, nor does a second ``_end``."""
+    rec = recorder()
+    span = Span(rec, "left open", {"k": "v"}, 2)
+    span.__enter__()
+    span._end(2**40, OPEN_AT_CLOSE)
+    assert span not in rec.open
+    span.__exit__(None, None, None)
+    span._end(2**41, "again")
+    [(kind, name, begin, end, step, note, *rest)] = taken(rec)
+    assert (kind, name, end, step, note, rest) == (
+        SPAN,
+        "left open",
+        2**40,
+        2,
+        OPEN_AT_CLOSE,
+        ["k", "v"],
+    )
+    assert begin > 0
+
+
+def test_a_span_ended_before_it_began_records_nothing() -> None:
+    rec = recorder()
+    span = Span(rec, "never entered", {}, None)
+    span._end(1, OPEN_AT_CLOSE)
+    span.__exit__(None, None, None)
+    assert taken(rec) == []
+
+
+def test_the_awaitables_complete_through_the_iterator_protocol() -> None:
+    """The path ``await`` takes while a trace function is set: ``next`` raises StopIteration
+    carrying the result at once."""
+    rec = recorder()
+    span = Span(rec, "iterated", {}, None)
+    entering = span.__aenter__().__await__()  # type: ignore[attr-defined]
+    with pytest.raises(StopIteration) as entered:
+        next(entering)
+    assert entered.value.value is span
+    assert span in rec.open
+    exiting = span.__aexit__(None, None, None).__await__()  # type: ignore[attr-defined]
+    with pytest.raises(StopIteration) as exited:
+        next(exiting)
+    assert exited.value.value is None
+    assert [e[:2] for e in taken(rec)] == [(SPAN, "iterated")]
+
+
+def _tracer(frame: FrameType, event: str, arg: object) -> None:
+    return None
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["untraced", "traced"])
+def test_async_with_a_span_never_suspends_with_or_without_a_trace_function(traced: bool) -> None:
+    """Driven by hand, the coroutine finishes on its first send: nothing in it waits."""
+    rec = recorder()
+
+    async def body() -> Span:
+        async with Span(rec, "inner", {}, None) as inner:
+            assert inner in rec.open
+        async with Span(rec, "outer", {"n": 1}, None) as span:
+            with pytest.raises(Planned):
+                async with Span(rec, "failing", {}, None):
+                    raise Planned
+        return span
+
+    coro = body()
+    old = sys.gettrace()
+    if traced:
+        sys.settrace(_tracer)
+    try:
+        with pytest.raises(StopIteration) as done:
+            coro.send(None)
+    finally:
+        sys.settrace(old)
+    assert isinstance(done.value.value, Span)
+    assert [(e[1], e[5]) for e in taken(rec)] == [
+        ("inner", None),
+        ("failing", "Planned"),
+        ("outer", None),
+    ]
+    assert rec.open == set()
+
+
+async def test_span_and_request_under_a_trace_function_in_a_running_loop(
+    make_config: MakeConfig,
+) -> None:
+    async with aprof.Profiler(make_config()) as prof:
+        rec = recorder()
+        old = sys.gettrace()
+        sys.settrace(_tracer)
+        try:
+            async with (
+                Span(rec, "traced", {}, None) as span,
+                Request(prof, rec, 0, "traced") as req,
+            ):
+                req.forward(4)
+        finally:
+            sys.settrace(old)
+    assert isinstance(span, Span) and isinstance(req, Request)
+    request, recorded_span = taken(rec)
+    assert (request[0], request[4], request[8]) == (REQUEST, "traced", 4)
+    assert recorded_span[:2] == (SPAN, "traced")
+
+
+# -- 4. the garbage collector and references -----------------------------------------------
+
+
+async def test_spans_and_requests_are_not_tracked_by_the_gc_and_the_recorder_is(
+    make_config: MakeConfig,
+) -> None:
+    async with aprof.Profiler(make_config()) as prof:
+        rec = recorder()
+        span = Span(rec, "s", {"a": [1]}, None)
+        req = Request(prof, rec, 0, "r")
+        assert not gc.is_tracked(span)
+        assert not gc.is_tracked(req)
+        assert gc.is_tracked(rec)
+        async with req, span:
+            assert not gc.is_tracked(span) and not gc.is_tracked(req)
+        assert not gc.is_tracked(prof.request(replica=0))
+        assert not gc.is_tracked(prof.span("s"))
+
+
+def _fresh(*parts: str) -> str:
+    """A str built at run time: its own object, not an interned constant shared elsewhere."""
+    return "".join(parts)
+
+
+def test_recording_keeps_no_references_to_names_attrs_or_steps() -> None:
+    rec = recorder(room=3000)
+    name = _fresh("span", "-name-", str(12345))
+    key = _fresh("attr", "-key-", str(678))
+    value = 10**40 + 7
+    step = 10**30 + 3
+    event_text = _fresh("event", "-text")
+    objects = [name, key, value, step, event_text, rec]
+    before = [sys.getrefcount(o) for o in objects]
+    for _ in range(1000):
+        with Span(rec, name, {key: value}, step):
+            pass
+    for _ in range(1000):
+        rec.add((event_text, (key, value), step))
+    back = taken(rec)
+    assert len(back) == 2000
+    assert back[0] == (SPAN, name, back[0][2], back[0][3], step, None, key, value)
+    assert back[-1] == (event_text, (key, value), step)
+    del back
+    assert [sys.getrefcount(o) for o in objects] == before
+
+
+async def test_requests_keep_no_references(make_config: MakeConfig) -> None:
+    async with aprof.Profiler(make_config()) as prof:
+        rec = recorder(room=2000)
+        replica = 10**20 + 1
+        request_id = _fresh("request", "-id-", str(99))
+        objects = [prof, rec, replica, request_id]
+        before = [sys.getrefcount(o) for o in objects]
+        for _ in range(1000):
+            async with Request(prof, rec, replica, request_id) as req:
+                req.forward(1)
+        del req
+        assert len(taken(rec)) == 1000
+        assert [sys.getrefcount(o) for o in objects] == before
+
+
+# -- 5. requests ---------------------------------------------------------------------------
+
+
+async def test_forward_adds_up_tokens_and_checks_its_argument(make_config: MakeConfig) -> None:
+    async with (
+        aprof.Profiler(make_config()) as prof,
+        prof.request(replica=0, request_id="r1") as req,
+    ):
+        req.forward(tokens=3)
+        req.forward(2)
+        req.forward()
+        assert req.tokens == 5
+        with pytest.raises(TypeError, match="unexpected keyword argument 'token'"):
+            req.forward(token=1)  # type: ignore[call-arg]
+        with pytest.raises(TypeError, match="tokens must be an int, not str"):
+            req.forward("3")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="at most 1 argument"):
+            req.forward(1, tokens=2)  # type: ignore[misc]
+        with pytest.raises(TypeError, match="at most 1 argument"):
+            req.forward(1, 2)  # type: ignore[call-arg]
+        assert req.tokens == 5
+        req.forward(2**63 - 6)
+        with pytest.raises(OverflowError, match="beyond 64 bits"):
+            req.forward(1)
+        with pytest.raises(OverflowError):
+            req.forward(2**64)
+        assert req.tokens == 2**63 - 1
+
+
+async def test_request_flags_are_bools_and_its_identity_is_read_only(
+    make_config: MakeConfig,
+) -> None:
+    async with aprof.Profiler(make_config()) as prof:
+        async with prof.step(1), prof.request(replica=0, request_id="r1") as req:
+            assert (req.replica, req.request_id, req.step) == (0, "r1", 1)
+            assert (req.gated, req.captured, req.tokens) == (False, False, 0)
+            with pytest.raises(TypeError):
+                req.gated = 1  # type: ignore[assignment]
+            with pytest.raises(TypeError):
+                req.captured = "yes"  # type: ignore[assignment]
+            req.gated = True
+            for field in ("replica", "request_id", "step", "tokens"):
+                with pytest.raises(AttributeError):
+                    setattr(req, field, 2)
+            assert repr(req) == (
+                "Request(replica=0, request_id='r1', step=1, gated=True, captured=False)"
+            )
+        assert prof.request(replica=3).request_id is None
+
+
+async def test_a_request_records_replica_id_step_flags_tokens_and_note(
+    make_config: MakeConfig,
+) -> None:
+    """Through the profiler's own recorder, read before the step's end takes it, and through
+    a recorder of the test's own."""
+    async with aprof.Profiler(make_config()) as prof:
+        assert prof._recorder is not None
+        async with prof.step(1):
+            before = time.monotonic_ns()
+            async with prof.request(replica=0, request_id="r1") as req:
+                req.forward(tokens=5)
+                req.captured = True
+            after = time.monotonic_ns()
+            [(kind, begin, end, *rest)] = taken(prof._recorder)
+            assert kind == REQUEST
+            assert before <= begin <= end <= after
+            assert rest == [0, "r1", 1, False, True, 5, None]
+
+            rec = recorder()
+            own = Request(prof, rec, 2, None)
+            with pytest.raises(Planned):
+                async with own:
+                    own.gated = True
+                    own.forward(2**40)
+                    raise Planned
+            assert own not in rec.open
+            [(kind, begin, end, *rest)] = taken(rec)
+            assert (kind, rest) == (REQUEST, [2, None, 1, True, False, 2**40, "Planned"])
+        async with prof.request(replica=1) as outside:
+            pass
+        assert outside.step is None
+
+
+async def test_a_request_ended_at_close_is_recorded_once(make_config: MakeConfig) -> None:
+    async with aprof.Profiler(make_config()) as prof:
+        rec = recorder()
+        req = Request(prof, rec, 0, "left open")
+        await req.__aenter__()
+        assert req in rec.open
+        req._end(2**40, OPEN_AT_CLOSE)
+        await req.__aexit__(None, None, None)
+        req._end(2**41, "again")
+        [(kind, _, end, *rest)] = taken(rec)
+        assert (kind, end, rest) == (
+            REQUEST,
+            2**40,
+            [0, "left open", None, False, False, 0, OPEN_AT_CLOSE],
+        )
+        assert rec.open == set()
+
+
+async def test_a_request_with_the_timeline_off_records_nothing(make_config: MakeConfig) -> None:
+    async with aprof.Profiler(make_config(timeline={"enable": False})) as prof:
+        assert prof._recorder is None
+        async with prof.step(1), prof.request(replica=0, request_id="off") as req:
+            req.forward(3)
+        assert (req.step, req.tokens) == (1, 3)
+        assert not (prof.save_path / "timeline").exists()
+
+
+async def test_a_gate_that_raises_ends_the_request_once_with_the_exception_type(
+    make_config: MakeConfig,
+) -> None:
+    """A real failure of ``prof._gate``: a replica that cannot be looked up (a list) while the
+    step has rollout windows. No ``__aexit__`` follows, so ``__aenter__`` records it."""
+    async with aprof.Profiler(make_config()) as prof:
+        assert prof._recorder is not None
+        async with prof.step(1):
+            req = prof.request(replica=[0], request_id="bad")  # type: ignore[arg-type]
+            with pytest.raises(TypeError, match="unhashable"):
+                async with req:
+                    pytest.fail("the body of a request that failed to enter ran")
+            assert req not in prof._recorder.open
+            req._end(time.monotonic_ns(), "again")
+            requests = [e for e in taken(prof._recorder) if e[0] == REQUEST]
+            assert [e[3:] for e in requests] == [("[0]", "bad", 1, False, False, 0, "TypeError")]
+
+
+async def test_a_gated_request_whose_capture_fails_in_strict_mode_ends_once(
+    make_config: MakeConfig,
+) -> None:
+    """The awaitable ``_gate`` returns fails (``strict``: the start failed): the request is
+    recorded once, gated, with the error's type as its note, and left open nowhere."""
+    target = RecordingTarget("replica_0", replica=0, fail_start=True)
+    async with aprof.Profiler(make_config(strict=True)) as prof:
+        prof.add_target(target)
+        assert prof._recorder is not None
+        async with prof.step(1):
+            req = prof.request(replica=0, request_id="gated")
+            with pytest.raises(aprof.CaptureError):
+                async with req:
+                    pytest.fail("the body of a request that failed to enter ran")
+            assert req not in prof._recorder.open
+            assert (req.gated, req.captured) == (True, False)
+            requests = [e for e in taken(prof._recorder) if e[0] == REQUEST]
+            assert [e[3:] for e in requests] == [(0, "gated", 1, True, False, 0, "CaptureError")]
+
+
+# -- 6. constructor and call errors --------------------------------------------------------
+
+REC = recorder()
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: Span(REC, "n", [], None), "attrs must be a dict, not list"),
+        (lambda: Span("not a recorder", "n", {}, None), "expected a Recorder, not str"),
+        (lambda: Span(REC, "n", {}), "Span\\(recorder, name, attrs, step\\) takes 4 positional"),
+        (lambda: Span(REC, "n", {}, None, 1), "takes 4 positional arguments"),
+        (lambda: Span(REC, "n", {}, step=None), "takes 4 positional arguments"),
+        (lambda: Span.__new__(Span, REC, "n", {}), "Span expected 4 arguments, got 3"),
+        (lambda: Recorder(1), "on_full must be callable"),
+        (lambda: Recorder(), "Recorder expected 1 argument, got 0"),
+        (lambda: Recorder(on_full=print), "Recorder\\(\\) takes no keyword arguments"),
+        (lambda: Request(None, "not a recorder", 0, None), "expected a Recorder, not str"),
+        (lambda: Request(None, None, 0), "Request\\(prof, recorder, replica, request_id\\)"),
+        (lambda: Span(REC, "n", {}, None)._end(1), "_end\\(end, note\\) takes 2 arguments, got 1"),
+        (lambda: Span(REC, "n", {}, None)._end(1.5, None), "integer"),
+        (
+            lambda: Span(REC, "n", {}, None).__exit__(None, None),
+            "__exit__\\(exc_type, exc, tb\\) takes 3 arguments, got 2",
+        ),
+        (
+            lambda: Span(REC, "n", {}, None).__aexit__(None),
+            "__aexit__\\(exc_type, exc, tb\\) takes 3 arguments, got 1",
+        ),
+    ],
+)
+def test_wrong_arguments_raise_type_error_naming_the_problem(
+    call: Callable[[], object], message: str
+) -> None:
+    with pytest.raises(TypeError, match=message):
+        call()
