@@ -7,6 +7,7 @@ import contextlib
 import math
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import Protocol
 
 import structlog
 
@@ -23,12 +24,27 @@ SpanValue = str | int | float | bool | None
 _log = structlog.get_logger("agentloop")
 
 
+class SpanFactory(Protocol):
+    """What :attr:`AgentLoop.span` gives: call it with a name and attrs for a ``with``."""
+
+    def __call__(
+        self, name: str, **attrs: SpanValue
+    ) -> contextlib.AbstractContextManager[object]: ...
+
+
+_NULL = contextlib.nullcontext()
+
+
+def _no_span(name: str, **attrs: SpanValue) -> contextlib.nullcontext[None]:
+    return _NULL  # it keeps no state: one serves every span
+
+
 class AgentLoop(ABC):
     """One rollout of a sample. Subclass it and implement :meth:`run`.
 
     The helpers keep the bookkeeping out of ``run``: :meth:`trajectory` opens the record of a
     rollout (an error inside ends it and is written into it), :meth:`generate` runs one turn
-    on the trajectory's replica and records it, :meth:`span` marks a stretch on aprof's
+    on the trajectory's replica and records it, :attr:`span` marks a stretch on aprof's
     timeline.
     """
 
@@ -89,11 +105,16 @@ class AgentLoop(ABC):
         traj.turns.append(turn)
         return turn
 
-    def span(self, name: str, **attrs: SpanValue) -> contextlib.AbstractContextManager[object]:
+    @property
+    def span(self) -> SpanFactory:
         """``with self.span(name, **attrs):`` a span on the profiler's timeline (nothing
         without a profiler)."""
+        # The profiler's own method, not a method that passes the attrs on to it: a second
+        # call with **attrs doubled what a span costs an agent loop's turn.
         prof = self.llm.prof
-        return contextlib.nullcontext() if prof is None else prof.span(name, **attrs)
+        if prof is None:
+            return _no_span
+        return prof.span
 
 
 class SingleTurnLoop(AgentLoop):

@@ -47,7 +47,10 @@ class Recorder:
 
 @final
 class Span:
-    """``with prof.span(name, **attrs):`` or ``async with``: one timeline span."""
+    """``with prof.span(name, **attrs):`` or ``async with``: one timeline span.
+
+    The span takes its attrs' keys and values when it is made (it does not hold the dict).
+    """
 
     def __init__(
         self, recorder: Recorder, name: str, attrs: dict[str, AttrValue], step: int | None, /

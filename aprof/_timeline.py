@@ -1,10 +1,11 @@
-"""The timeline: spans as small tuples in a bounded buffer, written off the event loop.
+"""The timeline: spans as events in a bounded buffer, written off the event loop.
 
-A span is recorded once, when it ends, as one tuple holding its begin and end (monotonic ns);
-spans and requests, the hot path, are recorded by ``aprof/_recorder.c``, steps and windows
-here. The timeline takes at most ``buffer_events`` tuples between two writes of its file, and what
-does not fit is dropped and counted. Every ``_BATCH`` tuples, and at each flush, a writer
-thread per timeline hands them to the interpreter's writer process
+A span is recorded once, when it ends, as one event holding its begin and end (monotonic ns).
+Spans and requests, the hot path, record themselves into the timeline's ``Recorder``
+(``aprof/_recorder.c``), which holds events in marshal's format; steps and windows come
+through :meth:`Timeline.add`. The timeline takes at most ``buffer_events`` events between two
+writes of its file, and what does not fit is dropped and counted. Every ``_BATCH`` events, and
+at each flush, a writer thread per timeline hands them to the interpreter's writer process
 (``aprof/_writer_process.py``), which turns them into Chrome trace JSON and gzip
 (``aprof/_chrome_trace.py``) and writes the file at each flush; where that process cannot
 start, the thread does it all.

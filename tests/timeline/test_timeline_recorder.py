@@ -595,6 +595,19 @@ def _fresh(*parts: str) -> str:
     return "".join(parts)
 
 
+def test_a_span_copies_its_attrs_and_holds_no_dict() -> None:
+    """An open span holds its attrs' keys and values, not the caller's dict: a dict kept per
+    open span made full garbage collections of many waiting agent loops longer."""
+    rec = recorder()
+    attrs: dict[str, Any] = {"trajectory": _fresh("s", "1"), "turn": 1}
+    before = sys.getrefcount(attrs)
+    with Span(rec, "turn", attrs, None):
+        assert sys.getrefcount(attrs) == before
+        attrs["turn"] = 2  # the attrs are the span's from when it was made
+    (event,) = taken(rec)
+    assert event[-4:] == ("trajectory", "turn", "s1", 1)
+
+
 def test_recording_keeps_no_references_to_names_attrs_or_steps() -> None:
     rec = recorder(room=3000)
     name = _fresh("span", "-name-", str(12345))
