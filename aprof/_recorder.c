@@ -873,6 +873,66 @@ static PyTypeObject Span_Type = {
     .tp_vectorcall = span_vectorcall,
 };
 
+/* -- NullSpan: what prof.span gives while the timeline is off ------------------------ */
+
+static PyObject *null_ready; /* what NULL_SPAN.__aenter__ returns: done, with NULL_SPAN */
+
+static PyObject *
+null_enter(PyObject *self, PyObject *unused)
+{
+    return Py_NewRef(self);
+}
+
+static PyObject *
+null_exit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (check_exit("__exit__", nargs) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+null_aenter(PyObject *self, PyObject *unused)
+{
+    return Py_NewRef(null_ready);
+}
+
+static PyObject *
+null_aexit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (check_exit("__aexit__", nargs) < 0) {
+        return NULL;
+    }
+    return Py_NewRef(ready_none);
+}
+
+static PyMethodDef null_methods[] = {
+    {"__enter__", (PyCFunction)null_enter, METH_NOARGS, "Nothing to begin."},
+    {"__exit__", (PyCFunction)(void (*)(void))null_exit, METH_FASTCALL, "Nothing to record."},
+    {"__aenter__", (PyCFunction)null_aenter, METH_NOARGS,
+     "Nothing to begin; the awaitable returned is done."},
+    {"__aexit__", (PyCFunction)(void (*)(void))null_aexit, METH_FASTCALL,
+     "Nothing to record; the awaitable returned is done."},
+    {NULL},
+};
+
+static PyTypeObject NullSpan_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "aprof._recorder.NullSpan",
+    .tp_basicsize = sizeof(PyObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "What prof.span gives while the timeline is off: a span that records nothing "
+              "(the module's NULL_SPAN).",
+    .tp_methods = null_methods,
+};
+
+typedef struct {
+    PyObject_HEAD
+} NullSpan;
+
+static NullSpan null_span = {PyObject_HEAD_INIT(&NullSpan_Type)}; /* NULL_SPAN: never freed */
+
 /* -- Request --------------------------------------------------------------------------- */
 
 typedef struct {
@@ -1178,7 +1238,7 @@ static PyTypeObject Request_Type = {
 static struct PyModuleDef recorder_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "aprof._recorder",
-    .m_doc = "The timeline's hot path: Recorder, Span and Request.",
+    .m_doc = "The timeline's hot path: Recorder, Span, Request and NULL_SPAN.",
     .m_size = -1,
 };
 
@@ -1197,11 +1257,13 @@ PyInit__recorder(void)
         return NULL;
     }
     if (PyType_Ready(&Ready_Type) < 0 || PyType_Ready(&Recorder_Type) < 0 ||
-        PyType_Ready(&Span_Type) < 0 || PyType_Ready(&Request_Type) < 0) {
+        PyType_Ready(&Span_Type) < 0 || PyType_Ready(&Request_Type) < 0 ||
+        PyType_Ready(&NullSpan_Type) < 0) {
         return NULL;
     }
     ready_none = ready_new(Py_None);
-    if (ready_none == NULL) {
+    null_ready = ready_new((PyObject *)&null_span);
+    if (ready_none == NULL || null_ready == NULL) {
         return NULL;
     }
     PyObject *module = PyModule_Create(&recorder_module);
@@ -1210,7 +1272,9 @@ PyInit__recorder(void)
     }
     if (PyModule_AddObjectRef(module, "Recorder", (PyObject *)&Recorder_Type) < 0 ||
         PyModule_AddObjectRef(module, "Span", (PyObject *)&Span_Type) < 0 ||
-        PyModule_AddObjectRef(module, "Request", (PyObject *)&Request_Type) < 0) {
+        PyModule_AddObjectRef(module, "Request", (PyObject *)&Request_Type) < 0 ||
+        PyModule_AddObjectRef(module, "NullSpan", (PyObject *)&NullSpan_Type) < 0 ||
+        PyModule_AddObjectRef(module, "NULL_SPAN", (PyObject *)&null_span) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -1,4 +1,4 @@
-"""The timeline's hot path, in C (``aprof/_recorder.c``): Recorder, Span and Request.
+"""The timeline's hot path, in C (``aprof/_recorder.c``): Recorder, Span, Request, NullSpan.
 
 A Recorder holds a timeline's events in marshal's format; spans and requests record
 themselves into it when they end (``aprof._chrome_trace.SPAN`` and ``REQUEST`` give the
@@ -74,6 +74,30 @@ class Span:
     def _end(self, end: int, note: str | None, /) -> None:
         """Record the span as ended at ``end`` (monotonic ns) with ``note``, unless it ended
         already."""
+
+@final
+class NullSpan:
+    """What ``prof.span`` returns while the timeline is off: records nothing."""
+
+    def __enter__(self) -> NullSpan: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+        /,
+    ) -> None: ...
+    def __aenter__(self) -> Awaitable[NullSpan]: ...
+    def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+        /,
+    ) -> Awaitable[None]: ...
+
+NULL_SPAN: NullSpan
+"""The one :class:`NullSpan`."""
 
 @final
 class Request:

@@ -29,9 +29,9 @@ from aprof._manifest import (
     WindowRecord,
     write_manifest,
 )
-from aprof._recorder import Request, Span
+from aprof._recorder import NULL_SPAN, NullSpan, Request, Span
 from aprof._state_machine import Phase, TargetMachine, WindowRun
-from aprof._timeline import NULL_SPAN, AttrValue, NullSpan, Timeline, now_ns
+from aprof._timeline import AttrValue, Timeline, now_ns
 
 _FAILED = ("failed", "timeout")
 

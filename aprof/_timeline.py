@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from aprof._chrome_trace import STEP, WINDOW, ChromeTraceWriter, Event, Written
@@ -196,34 +195,3 @@ def _log_failure(done: Future[Any]) -> None:
     exc = done.exception()
     if exc is not None:
         logger.warning("timeline write failed", error=repr(exc))
-
-
-class NullSpan:
-    """What ``prof.span`` returns while the timeline is off: does nothing."""
-
-    __slots__ = ()
-
-    def __enter__(self) -> NullSpan:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        return None
-
-    async def __aenter__(self) -> NullSpan:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        return None
-
-
-NULL_SPAN = NullSpan()

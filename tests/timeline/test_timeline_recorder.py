@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 import aprof
 from aprof._chrome_trace import REQUEST, SPAN
-from aprof._recorder import Recorder, Request, Span
+from aprof._recorder import NULL_SPAN, NullSpan, Recorder, Request, Span
 from aprof._timeline import OPEN_AT_CLOSE
 from aprof.testing import RecordingTarget
 
@@ -829,3 +829,19 @@ def test_wrong_arguments_raise_type_error_naming_the_problem(
 ) -> None:
     with pytest.raises(TypeError, match=message):
         call()
+
+
+async def test_with_the_timeline_off_a_span_is_the_one_null_span(make_config: MakeConfig) -> None:
+    """``prof.span`` with the timeline off gives NULL_SPAN, which records nothing and, like a
+    span, works with ``with`` and ``async with`` and does not swallow exceptions."""
+    async with aprof.Profiler(make_config(timeline={"enable": False})) as prof:
+        span = prof.span("turn", turn=1)
+        assert span is NULL_SPAN and not gc.is_tracked(span)
+        with span as entered:
+            assert entered is NULL_SPAN
+        async with span as entered:
+            assert entered is NULL_SPAN
+        with pytest.raises(KeyError), span:
+            raise KeyError("kept")
+    with pytest.raises(TypeError, match="cannot create"):
+        NullSpan()  # type: ignore[call-arg]
