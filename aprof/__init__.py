@@ -13,7 +13,7 @@ from aprof._capture import (
     Window,
     WorkerCapture,
 )
-from aprof._config import ProfilerConfig, TimeoutsConfig, load_config
+from aprof._config import LimitsConfig, ProfilerConfig, TimeoutsConfig, load_config
 from aprof._errors import CaptureError, ConfigError
 from aprof._logging import configure_logging
 from aprof._manifest import Manifest, ManifestError, RankCapture, WindowRecord, load_manifest
@@ -32,6 +32,7 @@ __all__ = [
     "CaptureTarget",
     "ConfigError",
     "CountSource",
+    "LimitsConfig",
     "LocalWorker",
     "ManagedTarget",
     "Manifest",

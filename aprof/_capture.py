@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from aprof._config import TimeoutsConfig
+    from aprof._config import LimitsConfig, TimeoutsConfig
 
 TargetKind = Literal["rollout", "role"]
 CountSource = Literal["trace", "counter"]
@@ -81,6 +81,10 @@ class CaptureResult:
     """Anything the reader of the manifest should know about this capture."""
     captures: tuple[WorkerCapture, ...] = ()
     """One record per rank capture of a worker-group window (empty for other targets)."""
+    error: str | None = None
+    """Why the capture failed, when the target could still say what it left behind: the
+    window is recorded ``failed`` with this reason, and ``files`` are listed all the same
+    (the stop of a server that died, a server that restarted during the window)."""
 
 
 @runtime_checkable
@@ -119,8 +123,8 @@ class ManagedTarget(Protocol):
     """A capture target that holds resources (an HTTP session): opened before its first
     start, closed when the profiler closes."""
 
-    async def open(self, timeouts: TimeoutsConfig) -> None:
-        """Acquire what the target needs, with the configured connect and call bounds."""
+    async def open(self, timeouts: TimeoutsConfig, limits: LimitsConfig) -> None:
+        """Acquire what the target needs, with the configured bounds on time and bytes."""
         ...
 
     async def aclose(self) -> None:

@@ -322,6 +322,15 @@ class TimeoutsConfig(_Model):
     poll_s: Seconds = Field(0.05, description="Forward-step counter poll interval.")
 
 
+class LimitsConfig(_Model):
+    """Bounds on what aprof reads from the outside, in bytes."""
+
+    answer_bytes: PositiveInt = Field(
+        16 * 1024**2,
+        description="Largest answer read from a server; a longer one fails the call that got it.",
+    )
+
+
 class LogConfig(_Model):
     """aprof's own log output."""
 
@@ -360,6 +369,7 @@ class ProfilerConfig(_Model):
     )
     tool_config: ToolConfig = Field(default_factory=ToolConfig)
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     timeline: TimelineConfig = Field(default_factory=TimelineConfig)
     strict: StrictBool = Field(False, description="Let capture errors escape step/request.")

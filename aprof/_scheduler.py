@@ -132,6 +132,7 @@ class Profiler:
         machine = TargetMachine(
             target,
             timeouts=self.config.timeouts,
+            limits=self.config.limits,
             layout=self._layout,
             on_change=self._changed,
             on_note=self._note,

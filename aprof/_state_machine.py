@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aprof._capture import CaptureResult, CaptureTarget, ManagedTarget, Window
-from aprof._config import TimeoutsConfig
+from aprof._config import LimitsConfig, TimeoutsConfig
 from aprof._layout import OutputLayout, size_of
 from aprof._manifest import FileEntry, RankCapture, StopReason, WindowRecord
 
@@ -86,6 +86,7 @@ class TargetMachine:
         target: CaptureTarget,
         *,
         timeouts: TimeoutsConfig,
+        limits: LimitsConfig,
         layout: OutputLayout,
         on_change: OnChange,
         on_note: OnNote,
@@ -96,6 +97,7 @@ class TargetMachine:
         self._note = on_note
         self.state = TargetState.IDLE
         self._timeouts = timeouts
+        self._limits = limits
         self._previous: WindowRun | None = None
         self.opened = False
         """The target's resources are held (see ``ManagedTarget``)."""
@@ -173,7 +175,7 @@ class TargetMachine:
     async def _ensure_open(self) -> None:
         # Windows of one target never start concurrently, so a flag is enough.
         if not self.opened and isinstance(self.target, ManagedTarget):
-            await self.target.open(self._timeouts)
+            await self.target.open(self._timeouts, self._limits)
         self.opened = True
 
     async def aclose(self) -> None:
@@ -240,7 +242,11 @@ class TargetMachine:
             run.released.set()
         if result is not None:
             await self._record_result(run, result)
-            self._end(run, "done", error=None)
+            if result.error is None:
+                self._end(run, "done", error=None)
+            else:
+                run.record.stop_reason = "error"
+                self._end(run, "failed", error=result.error)
 
     async def _stop_target(self, run: WindowRun) -> CaptureResult | None:
         """Send the stop of an active window; ``None`` when there was none or it failed."""

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar, runtime_checkable
 
 from aprof._capture import CaptureResult, TargetKind, Window, WorkerCapture
-from aprof._config import ConfigSource, TimeoutsConfig, load_config
+from aprof._config import ConfigSource, LimitsConfig, TimeoutsConfig, load_config
 from aprof._layout import check_name
 from aprof._logging import logger
 from aprof._worker import WorkerProfiler
@@ -133,8 +133,9 @@ class WorkerGroup:
         # so the rank may begin late; its end closes what it opened.
         self._late: list[tuple[WorkerHandle, int]] = []
 
-    async def open(self, timeouts: TimeoutsConfig) -> None:
-        """Take the profiler's bounds for each rank's calls."""
+    async def open(self, timeouts: TimeoutsConfig, limits: LimitsConfig | None = None) -> None:
+        """Take the profiler's time bounds for each rank's calls (``limits`` are not used:
+        ranks answer through their own handles)."""
         self._bounds(timeouts)
 
     async def aclose(self) -> None:

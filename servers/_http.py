@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import structlog
 
-from aprof import TimeoutsConfig
+from aprof import LimitsConfig, TimeoutsConfig
 
 _BODY_SHOWN = 500
 """Characters of an error body kept in messages (servers may answer with whole pages)."""
@@ -60,6 +60,7 @@ class ServerClient:
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._session: aiohttp.ClientSession | None = None
         self._timeouts = TimeoutsConfig()
+        self._limits = LimitsConfig()
         self._log = structlog.get_logger("servers").bind(server=self.base_url, replica=replica)
 
     @property
@@ -67,9 +68,11 @@ class ServerClient:
         """The bounds given to :meth:`open` (the config defaults before that)."""
         return self._timeouts
 
-    async def open(self, timeouts: TimeoutsConfig) -> None:
-        """Create the session; every connection attempt is bounded by ``timeouts.connect_s``."""
+    async def open(self, timeouts: TimeoutsConfig, limits: LimitsConfig | None = None) -> None:
+        """Create the session; every connection attempt is bounded by ``timeouts.connect_s``,
+        every answer by ``limits.answer_bytes`` (the config's default without ``limits``)."""
         self._timeouts = timeouts
+        self._limits = limits or LimitsConfig()
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 headers=self._headers,

@@ -15,7 +15,7 @@ from pathlib import Path
 import aiohttp
 import structlog
 
-from aprof import CaptureResult, TargetKind, TimeoutsConfig, Window
+from aprof import CaptureResult, LimitsConfig, TargetKind, TimeoutsConfig, Window
 from servers._http import ServerClient, ServerError
 from servers.trace_files import outputs
 
@@ -77,9 +77,9 @@ class SGLangServer:
             server=self._client.base_url, replica=replica, target=self.name
         )
 
-    async def open(self, timeouts: TimeoutsConfig) -> None:
+    async def open(self, timeouts: TimeoutsConfig, limits: LimitsConfig | None = None) -> None:
         """Open the HTTP session."""
-        await self._client.open(timeouts)
+        await self._client.open(timeouts, limits)
 
     async def aclose(self) -> None:
         """Close the HTTP session."""

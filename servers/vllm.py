@@ -18,7 +18,7 @@ from pathlib import Path
 import aiohttp
 import structlog
 
-from aprof import CaptureResult, CountSource, TargetKind, TimeoutsConfig, Window
+from aprof import CaptureResult, CountSource, LimitsConfig, TargetKind, TimeoutsConfig, Window
 from servers._http import ServerClient, ServerError
 from servers.trace_files import listing, relocate, vllm_prefix, vllm_steps_in
 
@@ -120,13 +120,13 @@ class VLLMServer:
         """The server's ``(major, minor)``, ``None`` until known."""
         return self._version
 
-    async def open(self, timeouts: TimeoutsConfig) -> None:
+    async def open(self, timeouts: TimeoutsConfig, limits: LimitsConfig | None = None) -> None:
         """Open the HTTP session and learn the version (``GET /version``) if it was not given.
 
         Raises ``ValueError`` for an unreadable version or a ``launch_window`` the version
         cannot honour, and the HTTP errors of ``ServerClient.request``.
         """
-        await self._client.open(timeouts)
+        await self._client.open(timeouts, limits)
         try:
             if self._version is None:
                 body = await self._client.get_json("/version", timeout_s=timeouts.start_s)

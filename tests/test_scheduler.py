@@ -556,12 +556,12 @@ class SessionTarget(RecordingTarget):
 
     def __init__(self, *args: Any, fail_open: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.opens: list[aprof.TimeoutsConfig] = []
+        self.opens: list[tuple[aprof.TimeoutsConfig, aprof.LimitsConfig]] = []
         self.closes = 0
         self.fail_open = fail_open
 
-    async def open(self, timeouts: aprof.TimeoutsConfig) -> None:
-        self.opens.append(timeouts)
+    async def open(self, timeouts: aprof.TimeoutsConfig, limits: aprof.LimitsConfig) -> None:
+        self.opens.append((timeouts, limits))
         if self.fail_open:
             raise ConnectionRefusedError("connection refused")
 
@@ -583,7 +583,7 @@ async def test_managed_targets_are_opened_once_and_closed_with_the_profiler(
             async with prof.step(step):
                 await generate(prof, used, 1)
         assert used.closes == 0
-    assert used.opens == [cfg.timeouts] and used.closes == 1
+    assert used.opens == [(cfg.timeouts, cfg.limits)] and used.closes == 1
     assert unused.opens == [] and unused.closes == 0
     assert isinstance(used, aprof.ManagedTarget)
 
