@@ -28,6 +28,12 @@ from json.encoder import encode_basestring_ascii as _quote
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
+if __name__ == "__main__":  # the writer process, run by path (-I -S): aprof is not importable
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _safe_files import move_aside, open_folder, replace_file  # type: ignore[import-not-found]
+else:
+    from aprof._safe_files import move_aside, open_folder, replace_file
+
 Event = tuple[Any, ...]
 """One recorded span, step or window; its first item is one of the kinds below."""
 
@@ -48,6 +54,12 @@ _PAUSE_S = 0.0002
 """Sleep between pieces. Releasing the GIL for a moment hands it to the event loop's thread
 if that waits for it; without the pause the loop could wait a whole switch interval (5 ms)."""
 _TF = ("false", "true")
+_PART_BYTES = 32 << 20
+"""A file this large is complete: the next write starts the next part. Each write copies the
+file it extends, so a part's size bounds what a write costs, however long the run."""
+_HELD_BYTES = 64 << 20
+"""Compressed events a writer keeps for the next write while writes fail; beyond, the oldest
+are given up and counted as dropped (a disk that stays full must not fill the memory too)."""
 
 
 class Anchor(Protocol):
@@ -66,11 +78,18 @@ class _Clock(NamedTuple):
 
 
 class Written(NamedTuple):
-    """The file as last written: its size, its events and the dropped count it reports."""
+    """A file as last written: its size, its events, the dropped count it reports, and
+    which part of the timeline it is (1 for ``<process>.trace.json.gz``)."""
 
     bytes: int
     events: int
     dropped: int
+    part: int = 1
+
+
+def part_name(process: str, part: int) -> str:
+    """The file name of ``part`` of a process's timeline."""
+    return f"{process}.trace.json.gz" if part == 1 else f"{process}.{part}.trace.json.gz"
 
 
 class ChromeTraceWriter:
@@ -84,15 +103,24 @@ class ChromeTraceWriter:
         self,
         path: Path,
         *,
+        root: Path,
         process: str,
         clock: Anchor,
         pid: int,
         tid: int,
         pause_s: float = _PAUSE_S,
     ) -> None:
+        """``path`` lies below ``root`` (``save_path``), and no link below ``root`` is
+        followed to write it."""
         self.path = path
+        self._root = str(root)
+        self._folders = path.parent.relative_to(root).parts
+        self._lost = 0  # events given up after failed writes
         self.written = Written(0, 0, 0)
-        """The file as last written; replaced whole, so another thread reads one write's."""
+        """The current part as last written; replaced whole, so another thread reads one
+        write's."""
+        self.parts: tuple[Written, ...] = ()
+        """The parts before the current one, complete."""
         self._process = process
         self._clock = clock
         self._pid = pid
@@ -116,6 +144,8 @@ class ChromeTraceWriter:
         and stall the event loop, for milliseconds.
         """
         if self._stream is None:
+            if self.written.bytes >= _PART_BYTES:
+                self._next_part()
             # Compress into a copy: a failed write must leave the stream as the file has it.
             if self._zip is None:  # the first write; 31: the gzip container
                 self._stream = zlib.compressobj(_LEVEL, zlib.DEFLATED, 31)
@@ -132,39 +162,55 @@ class ChromeTraceWriter:
         (``Recorder.take()``'s)."""
         self.add(marshal.loads(events))
 
+    def _next_part(self) -> None:
+        written = self.written
+        self.parts = (*self.parts, written)
+        self.path = self.path.with_name(part_name(self._process, written.part + 1))
+        self._zip, self._tail = None, 0
+        self.written = Written(0, 0, written.dropped, written.part + 1)
+
     def discard(self) -> None:
         """Forget what :meth:`add` took since the last write."""
         self._stream, self._body, self._count = None, [], 0
 
     def write(self, dropped: int) -> int:
         """Rewrite the file whole with what :meth:`add` took since the last write; returns
-        the file's size."""
+        the file's size.
+
+        A write that fails keeps its events for the next one (up to ``_HELD_BYTES``
+        compressed; beyond, they are given up and reported among the dropped).
+        """
         self.add([])
-        stream, body, count = self._stream, self._body, self.written.events + self._count
+        stream, body, fresh = self._stream, self._body, self._count
         self.discard()
+        count = self.written.events + fresh
         first, size = self._zip is None, self.written.bytes
         body.append(stream.flush(zlib.Z_SYNC_FLUSH))
         ending = stream.copy()
+        dropped += self._lost
         tail = ending.compress(self._foot(count, dropped).encode()) + ending.flush(zlib.Z_FINISH)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        name = self.path.name
         try:
-            with open(tmp, "wb") as out:
+            folder = open_folder(self._root, self._folders, create=True)
+            try:
                 if first:
-                    _keep_previous(self.path)
+                    move_aside(folder, name)
+                    prefix: Iterator[bytes] = iter(())
                 else:
-                    _copy_prefix(self.path, out, size - self._tail)
-                for part in body:
-                    out.write(part)
-                out.write(tail)
-            os.replace(tmp, self.path)
+                    prefix = _prefix(folder, name, size - self._tail)
+                replace_file(folder, name, itertools.chain(prefix, body, (tail,)))
+            finally:
+                os.close(folder)
         except BaseException:
-            tmp.unlink(missing_ok=True)
+            if sum(map(len, body)) <= _HELD_BYTES:
+                self._stream, self._body, self._count = stream, body, fresh
+            else:
+                self._lost += fresh
             raise
         self._zip = stream
         size = size - self._tail + sum(map(len, body)) + len(tail)
         self._tail = len(tail)
-        self.written = Written(size, count, dropped)
+        self.written = Written(size, count, dropped, self.written.part)
         return size
 
     # -- file frame ---------------------------------------------------------------------------
@@ -333,29 +379,17 @@ def _scalar(value: object) -> str:
     return _quote(str(value))
 
 
-def _copy_prefix(path: Path, out: Any, size: int) -> None:
-    with open(path, "rb") as src:
+def _prefix(folder: int, name: str, size: int) -> Iterator[bytes]:
+    """The first ``size`` bytes of ``name`` in ``folder`` (no link followed), in chunks."""
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+    with os.fdopen(fd, "rb") as src:
         left = size
         while left > 0:
             chunk = src.read(min(left, 1 << 20))
             if not chunk:
-                raise OSError(f"{path} is shorter than the {size} bytes written to it")
-            out.write(chunk)
+                raise OSError(f"{name} is shorter than the {size} bytes written to it")
+            yield chunk
             left -= len(chunk)
-
-
-def _keep_previous(path: Path) -> None:
-    """Move a timeline file of an earlier run aside instead of writing over it."""
-    if not path.exists():
-        return
-    stem = path.name.removesuffix(".trace.json.gz")
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
-    kept = path.with_name(f"{stem}.{stamp}.trace.json.gz")
-    for n in itertools.count(1):
-        if not kept.exists():
-            break
-        kept = path.with_name(f"{stem}.{stamp}-{n}.trace.json.gz")
-    os.replace(path, kept)
 
 
 # -- the writer process ---------------------------------------------------------------------------
@@ -363,13 +397,14 @@ def _keep_previous(path: Path) -> None:
 # starts without importing aprof. One such process writes every timeline of the interpreter
 # that started it (``aprof/_writer_process.py``). Through stdin come marshal'd tuples, each
 # after its length (8 bytes, little-endian):
-#   (OPEN, file, path, process, wall_ns, monotonic_ns, pid, tid)   a timeline file to write
+#   (OPEN, file, root, path, process, wall_ns, monotonic_ns, pid, tid)
+#                                                                  a timeline file to write
 #   (EVENTS, file, events)                                         for its next write; ``events``
 #                                                                  is marshal's bytes of a list
 #   (WRITE, file, dropped)                                         write it; one answer
 #   (CLOSE, file)                                                  no more writes to it
 # Through stdout go lines: ``ready`` once, then one per WRITE, ``written <bytes> <events>
-# <dropped>`` or ``failed <repr of the error>``.
+# <dropped> <part>`` or ``failed <repr of the error>``.
 
 OPEN, EVENTS, WRITE, CLOSE = range(4)
 
@@ -408,11 +443,12 @@ def serve(source: Any, reply: Any) -> None:
             except Exception as exc:  # costs this write only, as in the recording process
                 answer = f"failed {exc!r}".encode()
             else:
-                answer = b"written %d %d %d" % writer.written
+                answer = b"written %d %d %d %d" % writer.written
         elif kind == OPEN:
-            path, process, wall_ns, monotonic_ns, pid, tid = message[2:]
+            root, path, process, wall_ns, monotonic_ns, pid, tid = message[2:]
             writers[file] = ChromeTraceWriter(
                 Path(path),
+                root=Path(root),
                 process=process,
                 clock=_Clock(wall_ns, monotonic_ns),
                 pid=pid,

@@ -32,3 +32,9 @@ class CaptureError(RuntimeError):
 
     def __str__(self) -> str:
         return "; ".join(f"step {step}, {target}: {error}" for step, target, error in self.windows)
+
+
+def describe(exc: BaseException) -> str:
+    """``exc`` as the manifest shows a failure: ``Type: message``, or ``Type`` alone."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

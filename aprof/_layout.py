@@ -1,11 +1,20 @@
-"""The output layout under ``save_path``: safe names, window folders, relative paths."""
+"""The output layout under ``save_path``: safe names, window folders, relative paths, and
+the only ways aprof makes folders and writes files there (no link below it is followed)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-import uuid
 from pathlib import Path
+
+from aprof._safe_files import (
+    create_exclusive,
+    open_folder,
+    stale_temp_files,
+    temp_name,
+    write_file,
+)
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 _DOTS = re.compile(r"\.{2,}")
@@ -29,13 +38,6 @@ def size_of(path: Path) -> int | None:
         return None
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that a reader sees the old file or the new one, whole."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def check_name(name: str, what: str) -> str:
     """Return ``name`` if it is already path-safe, else raise ``ValueError`` saying why."""
     if not isinstance(name, str) or not name:
@@ -53,17 +55,16 @@ class OutputLayout:
 
     def __init__(self, save_path: Path) -> None:
         self.root = Path(os.path.abspath(save_path))
+        """The run's folder; it may itself be a link (the user's), nothing below it may."""
 
     def rollout_dir(self, step: int, replica: int) -> Path:
         """``step_<n>/rollout/replica_<r>/``."""
-        return self._inside(f"step_{step}", "rollout", f"replica_{replica}")
+        return self.root / f"step_{step}" / "rollout" / f"replica_{replica}"
 
     def role_dir(self, step: int, role: str, rank: int | None) -> Path:
         """``step_<n>/<role>/rank_<k>/``, or ``step_<n>/<role>/`` for a whole worker group."""
-        parts = [f"step_{step}", safe_name(role)]
-        if rank is not None:
-            parts.append(f"rank_{rank}")
-        return self._inside(*parts)
+        folder = self.root / f"step_{step}" / safe_name(role)
+        return folder if rank is None else folder / f"rank_{rank}"
 
     def absolute(self, path: Path) -> Path:
         """``path`` made absolute, relative paths taken from the root."""
@@ -79,12 +80,40 @@ class OutputLayout:
     def check_writable(self) -> None:
         """Create the root and prove a file can be written there; raise ``OSError`` if not."""
         self.root.mkdir(parents=True, exist_ok=True)
-        probe = self.root / f".aprof-probe-{uuid.uuid4().hex}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        folder = open_folder(str(self.root), (), create=False)
+        try:
+            probe = temp_name("probe")
+            os.close(create_exclusive(folder, probe))
+            os.unlink(probe, dir_fd=folder)
+        finally:
+            os.close(folder)
 
-    def _inside(self, *parts: str) -> Path:
-        path = Path(os.path.abspath(self.root.joinpath(*parts)))
-        if not path.is_relative_to(self.root):
-            raise ValueError(f"{path} would lie outside save_path {self.root}")
+    def make_dir(self, path: Path) -> Path:
+        """Create the folder ``path`` below the root; ``OSError`` (``UnsafePathError`` for a
+        link or a file in the way) if it cannot be made there."""
+        os.close(open_folder(str(self.root), self.parts(path), create=True))
         return path
+
+    def write(self, path: Path, data: bytes, *, keep_previous: bool = False) -> None:
+        """Replace the file ``path`` below the root atomically with ``data``, making its
+        folders (with ``keep_previous``, a file there is first renamed aside, named for its
+        time); ``OSError`` if it cannot be written there."""
+        *folders, name = self.parts(path)
+        write_file(str(self.root), folders, name, data, keep_previous=keep_previous)
+
+    def parts(self, path: Path) -> tuple[str, ...]:
+        """The names leading from the root to ``path``; ``ValueError`` if it lies outside."""
+        full = self.absolute(path)
+        if not full.is_relative_to(self.root) or full == self.root:
+            raise ValueError(f"{full} does not lie inside save_path {self.root}")
+        return full.relative_to(self.root).parts
+
+    def remove_stale_temp_files(self) -> int:
+        """Remove the temporary files that killed processes of this host left below the root
+        (bounded walk); returns how many."""
+        removed = 0
+        for path in stale_temp_files(str(self.root), depth=4, limit=100_000):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+                removed += 1
+        return removed

@@ -1,11 +1,18 @@
-"""The run manifest: what every window captured, rewritten atomically on every change."""
+"""The run manifest: what every window captured.
+
+On disk a run is ``manifest.json`` (the run: its clock, config, timeline files and the notes
+of no particular step) and one ``manifest/step_<n>.json`` per profiled step (that step's
+windows and notes), so that recording a window change costs the same at step 10,000 as at
+step 1. :func:`load_manifest` puts them back together into one :class:`Manifest`.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -16,18 +23,23 @@ from pydantic import (
     model_serializer,
 )
 
-from aprof._layout import write_atomic
-
 if TYPE_CHECKING:
     from aprof._capture import WorkerCapture
 
-SCHEMA = "aprof.manifest/1"
+SCHEMA = "aprof.manifest/2"
+"""The run file's schema (``manifest.json``)."""
+STEP_SCHEMA = "aprof.step-manifest/1"
+"""A step file's schema (``manifest/step_<n>.json``)."""
+_SINGLE_FILE_SCHEMA = "aprof.manifest/1"
+"""Runs written before step files: every window in ``manifest.json``."""
 FILENAME = "manifest.json"
+STEPS_FOLDER = "manifest"
+"""The folder of the step files, beside ``manifest.json``."""
+_STEP_FILE = re.compile(r"step_([1-9][0-9]{0,17})\.json")
 
 WindowState = Literal["running", "done", "failed", "timeout", "skipped"]
 StopReason = Literal["auto_stop", "step_end", "run_end", "error", "cancelled"]
 EnforcedBy = Literal["server", "aprof", "none"]
-FINAL_STATES: frozenset[str] = frozenset({"done", "failed", "timeout", "skipped"})
 
 
 class ManifestError(ValueError):
@@ -178,34 +190,112 @@ class Manifest(_Model):
         return None
 
     def to_json(self) -> str:
-        """The manifest as the JSON text written to disk."""
+        """The whole manifest as one JSON document."""
         return self.model_dump_json(by_alias=True, indent=1)
 
 
-def write_manifest(manifest: Manifest, path: Path) -> None:
-    """Write ``manifest`` to ``path`` atomically: a reader sees the old file or the new one."""
-    write_atomic(path, manifest.to_json())
+class RunFile(_Model):
+    """``manifest.json``: the run, without the windows (those are in the step files)."""
+
+    schema_: str = Field(default=SCHEMA, alias="schema")
+    run_id: str
+    clock: Clock
+    save_path: str
+    steps: str = f"{STEPS_FOLDER}/step_<n>.json"
+    """Where the windows and notes of each step are."""
+    notes: list[Note] = Field(default_factory=list)
+    """Notes of no particular step."""
+    timeline: list[TimelineFile] = Field(default_factory=list)
+    config: dict[str, Any] = Field(default_factory=dict)
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class StepFile(_Model):
+    """``manifest/step_<n>.json``: the windows and notes of one step of one run."""
+
+    schema_: str = Field(default=STEP_SCHEMA, alias="schema")
+    run_id: str
+    step: int
+    windows: list[WindowRecord] = Field(default_factory=list)
+    notes: list[Note] = Field(default_factory=list)
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
 def load_manifest(path: str | os.PathLike[str]) -> Manifest:
-    """Read a manifest back from its file or from the ``save_path`` folder holding it.
+    """Read a run's manifest back from its ``save_path`` folder (or its ``manifest.json``),
+    with the windows and notes of every step file of that run.
 
     Raises ``ManifestError`` naming the file and what is wrong with it.
     """
     file = Path(path)
     if file.is_dir():
         file = file / FILENAME
+    data = _read(file)
+    schema = data.get("schema")
+    if schema == _SINGLE_FILE_SCHEMA:
+        return _validate(Manifest, {**data, "schema": SCHEMA}, file)
+    if schema != SCHEMA:
+        raise ManifestError(f"{file}: expected schema {SCHEMA!r}, found {schema!r}")
+    run = _validate(RunFile, data, file)
+    windows: list[WindowRecord] = []
+    notes = list(run.notes)
+    for step_file in _step_files(file.parent / STEPS_FOLDER):
+        step_data = _read(step_file)
+        if step_data.get("schema") != STEP_SCHEMA:
+            raise ManifestError(
+                f"{step_file}: expected schema {STEP_SCHEMA!r}, found {step_data.get('schema')!r}"
+            )
+        step = _validate(StepFile, step_data, step_file)
+        if step.run_id == run.run_id:  # others are what an earlier run in this folder left
+            windows += step.windows
+            notes += step.notes
+    return Manifest(
+        run_id=run.run_id,
+        clock=run.clock,
+        save_path=run.save_path,
+        windows=windows,
+        notes=notes,
+        timeline=run.timeline,
+        config=run.config,
+    )
+
+
+def _step_files(folder: Path) -> list[Path]:
+    """Every ``step_<n>.json`` in ``folder``, by step."""
+    found = []
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                match = _STEP_FILE.fullmatch(entry.name)
+                if match and entry.is_file(follow_symlinks=False):
+                    found.append((int(match[1]), Path(entry.path)))
+    except FileNotFoundError:
+        return []  # a run without profiled steps
+    except OSError as exc:
+        raise ManifestError(f"{folder}: cannot list: {exc.strerror or exc}") from None
+    return [file for _, file in sorted(found)]
+
+
+def _read(file: Path) -> dict[str, Any]:
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ManifestError(f"{file}: cannot read: {exc.strerror or exc}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise ManifestError(f"{file}: not valid JSON: {exc}") from None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        found = data.get("schema") if isinstance(data, dict) else type(data).__name__
-        raise ManifestError(f"{file}: expected schema {SCHEMA!r}, found {found!r}")
+    if not isinstance(data, dict):
+        raise ManifestError(f"{file}: expected schema {SCHEMA!r}, found {type(data).__name__!r}")
+    return data
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _validate(model: type[_M], data: dict[str, Any], file: Path) -> _M:
     try:
-        return Manifest.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import time
 from collections.abc import Awaitable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 from typing import Literal
@@ -19,7 +21,6 @@ from aprof._errors import CaptureError, ConfigError
 from aprof._layout import OutputLayout, check_name, safe_name
 from aprof._logging import configure_logging, logger
 from aprof._manifest import (
-    FILENAME,
     Clock,
     ForwardSteps,
     Manifest,
@@ -27,8 +28,8 @@ from aprof._manifest import (
     StopReason,
     TimelineFile,
     WindowRecord,
-    write_manifest,
 )
+from aprof._manifest_files import ManifestFiles
 from aprof._recorder import NULL_SPAN, NullSpan, Request, Span
 from aprof._state_machine import Phase, TargetMachine, WindowRun
 from aprof._timeline import AttrValue, Timeline, now_ns
@@ -59,9 +60,24 @@ class Profiler:
             save_path=str(self._layout.root),
             config=self.config.model_dump(mode="json"),
         )
+        self._files = ManifestFiles(
+            self._manifest,
+            self._layout,
+            on_trouble=self._disk_trouble,
+            before_write=self._count_requests,
+        )
+        self._disk_error: str | None = None
+        """Why the manifest cannot be written now; no capture starts meanwhile."""
+        self._disk_since = 0
+        self._not_started = 0
+        """Windows not started while the manifest could not be written."""
+        self._disk = ThreadPoolExecutor(1, thread_name_prefix="aprof-disk")
+        """Makes window folders and sizes their files: one thread, so that many windows at
+        once do not crowd the event loop's thread out of the GIL."""
         self._machines: dict[str, TargetMachine] = {}
         self._replicas: dict[int, TargetMachine] = {}
-        self._runs: dict[tuple[int, str], WindowRun] = {}
+        self._live: dict[tuple[int, str], WindowRun] = {}
+        """Windows not ended yet (ended ones live on as their manifest records only)."""
         self._step_rollout: dict[int, WindowRun] = {}
         self._open_roles: dict[str, WindowRun] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -74,6 +90,7 @@ class Profiler:
         self._timeline = (
             Timeline(
                 capacity=timeline.buffer_events,
+                root=self._layout.root,
                 folder=self._layout.root / "timeline",
                 process=timeline.process or f"driver-{os.getpid()}",
                 clock=self._manifest.clock,
@@ -88,7 +105,8 @@ class Profiler:
 
     @property
     def manifest(self) -> Manifest:
-        """The live manifest of this run (the same content as ``save_path/manifest.json``)."""
+        """The live manifest of this run, with the windows of its latest steps (all of them
+        until it holds 2,000; ``aprof.load_manifest(save_path)`` reads every one back)."""
         return self._manifest
 
     @property
@@ -108,6 +126,9 @@ class Profiler:
         name = check_name(target.name, "target name")
         if name in self._machines:
             raise ValueError(f"a target named {name!r} is already registered")
+        rank = getattr(target, "rank", None)
+        if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 0):
+            raise ValueError(f"target {name!r} has rank {rank!r}; use an integer >= 0 or None")
         if self._status == "closed":
             raise RuntimeError("the profiler is closed")
         if target.kind == "rollout":
@@ -134,6 +155,7 @@ class Profiler:
             timeouts=self.config.timeouts,
             limits=self.config.limits,
             layout=self._layout,
+            disk=self._disk,
             on_change=self._changed,
             on_note=self._note,
         )
@@ -160,15 +182,18 @@ class Profiler:
             return NULL_SPAN
         return Span(self._recorder, name, attrs, self._step)
 
-    async def flush_timeline(self) -> None:
-        """Write the timeline recorded so far and wait until the file is complete.
+    async def flush(self) -> None:
+        """Write the manifest and the timeline recorded so far, and wait until both are on
+        disk (at most ``timeouts.stop_s``).
 
-        Every step end does this without waiting; a run without steps can call it now and
-        then. Write errors are logged, never raised.
+        Every change and every step end writes them without waiting; call this before
+        reading them back during the run, or now and then in a run without steps. Write
+        errors are logged, never raised.
         """
         if self._timeline is not None:
             await self._timeline.write_now()
-            self._save()
+            self._timeline_written()
+        await self._files.flush(self.config.timeouts.stop_s)
 
     async def __aenter__(self) -> Profiler:
         if self._status != "new":
@@ -180,9 +205,8 @@ class Profiler:
                 "global_profiler.save_path",
                 f"cannot write to {self._layout.root}: {exc.strerror or exc}",
             ) from None
-        self._keep_previous_manifest()
         self._status = "open"
-        self._save()
+        self._files.open()
         self._log.info(
             "profiler open",
             save_path=str(self._layout.root),
@@ -218,17 +242,21 @@ class Profiler:
                         "target close failed", target=machine.target.name, error=repr(exc)
                     )
         finally:
-            for run in self._runs.values():
+            for run in list(self._live.values()):
                 if run.phase is not Phase.ENDED:
                     run.phase = Phase.ENDED
                     run.record.state = "timeout"
                     run.record.error = "did not finish before the profiler closed"
+                    self._files.changed(run.window.step)
+            self._live.clear()
             self._status = "closed"
             try:
                 if self._timeline is not None:
                     await self._timeline.aclose()
+                    self._timeline_written()
             finally:
-                self._save()
+                await self._files.aclose(self.config.timeouts.stop_s)
+                self._disk.shutdown(wait=False)
             counts: dict[str, int] = {}
             for record in self._manifest.windows:
                 counts[record.state] = counts.get(record.state, 0) + 1
@@ -257,8 +285,11 @@ class Profiler:
             return
         if n in self._entered:
             self._note(n, None, f"step {n} entered again: its windows were captured before")
+            return
         self._entered.add(n)
         try:
+            if self._disk_error is not None:  # has the disk come back? (told before this returns)
+                await self._files.flush(cfg.timeouts.connect_s)
             starting: list[WindowRun] = []
             for name, machine in self._machines.items():
                 if machine.target.kind != "role" or not self._role_selected(machine.target):
@@ -267,9 +298,8 @@ class Profiler:
                     self._open_roles[name].last_step = n
                     continue
                 opened = self._open_window(machine, n)
-                if opened is not None:
-                    self._open_roles[name] = opened
-                    starting.append(opened)
+                self._open_roles[name] = opened
+                starting.append(opened)
             if cfg.rollout.enable:
                 self._rollout_live = True
                 if cfg.rollout.start == "on_step":
@@ -306,22 +336,25 @@ class Profiler:
         try:
             # A role capture still running would record the next step's work: the step ends
             # once its role captures have ended, as it began once they had started.
-            await self._wait(rollouts | roles if waits_for_all else roles, self._bound())
-            if waits_for_all and exc is None and (rollouts or roles):
-                self._raise_if_strict([self._runs[key] for key in self._runs if key[0] == n])
+            stopping = rollouts + roles if waits_for_all else roles
+            await self._wait({self._close(run, reason) for run in stopping}, self._bound())
+            if waits_for_all and exc is None:
+                self._raise_if_strict(rollouts + roles)
         finally:
             if self._timeline is not None:
                 self._flush_timeline(self._timeline)
 
     def _leave_step_now(
         self, n: int, reason: StopReason
-    ) -> tuple[set[asyncio.Task[None]], set[asyncio.Task[None]]]:
-        """Close the windows that end with step ``n``; the tasks that stop its rollout windows
-        and those that stop its role windows."""
+    ) -> tuple[list[WindowRun], list[WindowRun]]:
+        """Close the windows that end with step ``n``; returns its rollout windows and the
+        role windows that end with it."""
         cfg = self.config
         if self._timeline is not None and self._step == n:  # else the close ended it already
             self._timeline.step(n, n in cfg.global_profiler.steps, self._step_began)
-        closing = {self._close(run, reason) for run in self._step_rollout.values()}
+        rollouts = list(self._step_rollout.values())
+        for run in rollouts:
+            self._close(run, reason)
         if self._rollout_live:
             for replica, machine in self._replicas.items():
                 if replica not in self._step_rollout and cfg.rollout.selects(replica):
@@ -329,14 +362,15 @@ class Profiler:
         self._step_rollout = {}
         self._rollout_live = False
         keep = reason == "step_end" and (n + 1) in cfg.global_profiler.steps
-        roles: set[asyncio.Task[None]] = set()
+        roles: list[WindowRun] = []
         for name, run in list(self._open_roles.items()):
             if keep and self._continuous(self._machines[name].target):
                 continue
-            roles.add(self._close(run, reason))
+            self._close(run, reason)
+            roles.append(run)
             del self._open_roles[name]
         self._step = None
-        return closing, roles
+        return rollouts, roles
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -379,17 +413,13 @@ class Profiler:
         machine = self._replicas.get(replica)
         if machine is None or self._step is None or not self.config.rollout.selects(replica):
             return None
-        run = self._open_window(machine, self._step)
-        if run is not None:
-            self._step_rollout[replica] = run
+        self._step_rollout[replica] = run = self._open_window(machine, self._step)
         return run
 
     # -- windows ----------------------------------------------------------------------------
 
-    def _open_window(self, machine: TargetMachine, step: int) -> WindowRun | None:
+    def _open_window(self, machine: TargetMachine, step: int) -> WindowRun:
         target = machine.target
-        if (step, target.name) in self._runs:
-            return None  # started at most once per (step, target), also when a step comes again
         cfg = self.config
         if target.kind == "rollout":
             assert target.replica is not None
@@ -415,24 +445,22 @@ class Profiler:
             forward_steps=ForwardSteps(delay=delay, requested=forward_steps),
         )
         run = WindowRun(window=window, record=record, started=asyncio.Event(), last_step=step)
-        self._runs[(step, target.name)] = run
-        self._manifest.windows.append(record)
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
+        self._files.add_window(record)
+        if self._disk_error is not None:
+            self._not_started += 1
             run.started.set()
+            run.released.set()
             run.phase = Phase.ENDED
             record.state, record.stop_reason = "failed", "error"
-            record.error = f"cannot create {folder}: {exc.strerror or exc}"
+            record.error = f"not started: the manifest cannot be written ({self._disk_error})"
             self._changed(run, "failed", record.error)
             return run
+        self._live[(step, target.name)] = run
         machine.open(run)
         return run
 
     def _record_skipped(self, machine: TargetMachine, step: int, why: str) -> None:
         target = machine.target
-        if (step, target.name) in self._runs:
-            return
         record = WindowRecord(
             step=step,
             target=target.name,
@@ -444,7 +472,7 @@ class Profiler:
                 delay=self.config.rollout.delay, requested=self.config.rollout.forward_steps
             ),
         )
-        self._manifest.windows.append(record)
+        self._files.add_window(record)
         if self._timeline is not None:
             self._timeline.window(record, "skipped")
         self._log.info("window skipped", step=step, target=target.name, why=why)
@@ -460,20 +488,60 @@ class Profiler:
     # -- what the state machines report -------------------------------------------------------
 
     def _changed(self, run: WindowRun, event: str, detail: str | None) -> None:
-        """Log a window transition once and rewrite the manifest."""
+        """Log a window transition once and have the manifest written."""
         if self._timeline is not None:
             self._timeline.window(run.record, event)
         fields = {} if detail is None else {"detail": detail}
         log = self._log.warning if event in _FAILED else self._log.info
         log(f"window {event}", step=run.window.step, target=run.window.target, **fields)
+        if run.phase is Phase.ENDED:
+            self._count(run)
+            self._live.pop((run.window.step, run.window.target), None)
         if event == "done":
             self._flag_if_large(run)
-        self._save()
+        self._files.changed(run.window.step)
 
-    def _note(self, step: int, target: str | None, text: str) -> None:
+    def _note(self, step: int | None, target: str | None, text: str) -> None:
         """Write down something about a window that is not a failure."""
-        self._manifest.notes.append(Note(step=step, target=target, text=text))
-        self._save()
+        self._files.add_note(Note(step=step, target=target, text=text))
+
+    def _disk_trouble(self, error: str | None) -> None:
+        """The manifest files cannot be written (``error``), or can again (``None``).
+
+        Meanwhile no capture starts and those running are stopped: a capture the manifest
+        cannot list would be lost to the reader. Said once on the log each way; when the
+        disk takes writes again, the manifest says what was not captured.
+        """
+        if error is not None:
+            if self._disk_error is None:
+                self._disk_since, self._not_started = time.time_ns(), 0
+                self._log.error(
+                    "manifest cannot be written: no capture starts until it can", error=error
+                )
+                for run in list(self._live.values()):
+                    if run.stop_task is None:
+                        self._note(
+                            run.window.step,
+                            run.window.target,
+                            f"stopped early: the manifest could not be written ({error})",
+                        )
+                        self._close(run, "error")
+            self._disk_error = error
+            return
+        if self._disk_error is None:
+            return
+        since, now = _wall(self._disk_since), _wall(time.time_ns())
+        given_up = self._files.take_given_up()
+        self._log.warning("manifest written again", not_started=self._not_started)
+        lost = f"; step files given up meanwhile: {', '.join(given_up)}" if given_up else ""
+        self._note(
+            None,
+            None,
+            f"the manifest could not be written from {since} to {now} ({self._disk_error}): "
+            f"{self._not_started} window(s) were not started then and the captures running "
+            f"were stopped{lost}",
+        )
+        self._disk_error = None
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -484,12 +552,10 @@ class Profiler:
             self._log.warning(
                 "window larger than max_window_bytes", target=run.window.target, bytes=total
             )
-            self._manifest.notes.append(
-                Note(
-                    step=run.window.step,
-                    target=run.window.target,
-                    text=f"window files total {total} bytes, above max_window_bytes={limit}",
-                )
+            self._note(
+                run.window.step,
+                run.window.target,
+                f"window files total {total} bytes, above max_window_bytes={limit}",
             )
 
     def _role_selected(self, target: CaptureTarget) -> bool:
@@ -527,49 +593,49 @@ class Profiler:
             await asyncio.wait(set(tasks), timeout=limit_s)
 
     def _flush_timeline(self, timeline: Timeline) -> None:
-        """Write the timeline in its thread; the step does not wait for it.
-
-        The manifest is rewritten when the file first exists; after that the file's entry is
-        brought up to date whenever the manifest is written anyway.
-        """
+        """Write the timeline in its thread; the step does not wait for it. Once written,
+        the manifest's entry for it is brought up to date."""
         written = timeline.flush()
-        if written is None or self._manifest.timeline:
+        if written is None:
             return
         loop = asyncio.get_running_loop()
 
-        def save_soon(_: object) -> None:
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(self._save)
+        def update_soon(_: object) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed
+                loop.call_soon_threadsafe(self._timeline_written)
 
-        written.add_done_callback(save_soon)
+        written.add_done_callback(update_soon)
 
-    def _save(self) -> None:
-        if self._status == "new":
-            return
-        for run in self._runs.values():
-            counts = run.record.requests
-            if (counts.admitted, counts.gated) != (run.admitted, run.gated):
-                counts.admitted, counts.gated = run.admitted, run.gated
+    def _timeline_written(self) -> None:
+        """Bring the manifest's entries for the timeline's files up to date."""
         timeline = self._timeline
-        written = None if timeline is None else timeline.written  # one write's, read once
-        if timeline is not None and written is not None and written.bytes:
-            self._manifest.timeline = [
-                TimelineFile(
-                    path=self._layout.relative(timeline.path),
-                    process=timeline.process,
-                    bytes=written.bytes,
-                    events=written.events,
-                    dropped=written.dropped,
-                )
-            ]
-        write_manifest(self._manifest, self._layout.root / FILENAME)
+        if timeline is None:
+            return
+        entries = [
+            TimelineFile(
+                path=self._layout.relative(path),
+                process=timeline.process,
+                bytes=written.bytes,
+                events=written.events,
+                dropped=written.dropped,
+            )
+            for path, written in timeline.files()
+        ]
+        if entries and self._manifest.timeline != entries:
+            self._manifest.timeline = entries
+            self._files.changed(None)
 
-    def _keep_previous_manifest(self) -> None:
-        path = self._layout.root / FILENAME
-        if path.exists():
-            kept = path.with_name(f"manifest.{time.strftime('%Y%m%d-%H%M%S')}.{os.getpid()}.json")
-            os.replace(path, kept)
-            self._log.info("kept the previous manifest", path=str(kept))
+    def _count_requests(self, step: int) -> None:
+        """Bring the request counts of ``step``'s windows into their records."""
+        for run in self._live.values():
+            if run.window.step == step:
+                self._count(run)
+
+    @staticmethod
+    def _count(run: WindowRun) -> None:
+        counts = run.record.requests
+        if (counts.admitted, counts.gated) != (run.admitted, run.gated):
+            counts.admitted, counts.gated = run.admitted, run.gated
 
 
 class _Step:
@@ -596,3 +662,8 @@ class _Step:
 
 def _role_of(target: CaptureTarget) -> str:
     return str(getattr(target, "role", target.name))
+
+
+def _wall(ns: int) -> str:
+    """Wall-clock nanoseconds as local time, to the second."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ns / 1e9))

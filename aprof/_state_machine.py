@@ -11,11 +11,14 @@ import asyncio
 import enum
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from aprof._capture import CaptureResult, CaptureTarget, ManagedTarget, Window
 from aprof._config import LimitsConfig, TimeoutsConfig
+from aprof._errors import describe
 from aprof._layout import OutputLayout, size_of
 from aprof._manifest import FileEntry, RankCapture, StopReason, WindowRecord
 
@@ -39,6 +42,8 @@ class Phase(enum.Enum):
     STOPPING = "stopping"
     ENDED = "ended"
 
+
+_T = TypeVar("_T")
 
 OnChange = Callable[["WindowRun", str, "str | None"], None]
 """Told ``(run, event, detail)`` on every window transition; ``event`` names it."""
@@ -88,11 +93,13 @@ class TargetMachine:
         timeouts: TimeoutsConfig,
         limits: LimitsConfig,
         layout: OutputLayout,
+        disk: Executor,
         on_change: OnChange,
         on_note: OnNote,
     ) -> None:
         self.target = target
         self._layout = layout
+        self._disk = disk
         self._changed = on_change
         self._note = on_note
         self.state = TargetState.IDLE
@@ -149,6 +156,13 @@ class TargetMachine:
                 self._enter_starting(run)
             try:
                 async with asyncio.timeout(self._timeouts.start_s):
+                    folder = run.window.dir
+                    try:  # off the event loop: a slow disk must not hold it
+                        await self._on_disk(self._layout.make_dir, folder)
+                    except OSError as exc:
+                        why = f"cannot create {folder}: {exc.strerror or exc}"
+                        self._fail_start(run, "failed", why)
+                        return
                     await self._ensure_open()
                     await self.target.start(run.window)
             except TimeoutError:
@@ -157,7 +171,7 @@ class TargetMachine:
                 )
                 return
             except Exception as exc:  # a failing target costs its window only
-                self._fail_start(run, "failed", f"start failed: {_describe(exc)}")
+                self._fail_start(run, "failed", f"start failed: {describe(exc)}")
                 return
             run.phase = Phase.ACTIVE
             self.state = TargetState.ACTIVE
@@ -184,6 +198,10 @@ class TargetMachine:
             self.opened = False
             async with asyncio.timeout(self._timeouts.connect_s):
                 await self.target.aclose()
+
+    async def _on_disk(self, work: Callable[..., _T], *args: object) -> _T:
+        """``work(*args)`` on the profiler's disk thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._disk, work, *args)
 
     def _fail_start(self, run: WindowRun, state: str, error: str) -> None:
         run.record.stop_reason = "error"
@@ -218,6 +236,15 @@ class TargetMachine:
                     "forward-step counter lost: window runs until step end",
                 )
                 return
+            if count < run.baseline:
+                run.record.forward_steps.enforced_by = "none"
+                self._note(
+                    window.step,
+                    window.target,
+                    f"forward-step counter went back from {run.baseline} to {count} (the "
+                    "server restarted?): window runs until step end",
+                )
+                return
             if count - run.baseline >= goal:
                 self.close(run, "auto_stop")
                 return
@@ -227,9 +254,7 @@ class TargetMachine:
             async with asyncio.timeout(self._timeouts.connect_s):
                 count = await self.target.forward_steps()
         except Exception as exc:  # TimeoutError included
-            self._note(
-                run.window.step, run.window.target, f"forward-step counter: {_describe(exc)}"
-            )
+            self._note(run.window.step, run.window.target, f"forward-step counter: {describe(exc)}")
             return None
         if count is not None:
             run.last_count = count
@@ -269,7 +294,7 @@ class TargetMachine:
         except TimeoutError:
             self._end(run, "timeout", error=f"stop timed out after {self._timeouts.stop_s:g}s")
         except Exception as exc:
-            self._end(run, "failed", error=f"stop failed: {_describe(exc)}")
+            self._end(run, "failed", error=f"stop failed: {describe(exc)}")
         finally:
             self.state = TargetState.IDLE
         return None
@@ -280,12 +305,26 @@ class TargetMachine:
             record.stop_reason = "auto_stop"
         counts = record.forward_steps
         counts.observed, counts.counted_from = result.forward_steps, result.counted_from
-        if counts.observed is None and run.baseline is not None and run.last_count is not None:
-            counts.observed, counts.counted_from = run.last_count - run.baseline, "counter"
+        first, last = run.baseline, run.last_count
+        went_back = first is not None and last is not None and last < first
+        if went_back or (counts.observed is not None and counts.observed < 0):
+            # The counter began again (a restart): any count from it means nothing.
+            counts.observed = counts.counted_from = None
+            self._note(
+                run.window.step,
+                run.window.target,
+                f"forward-step counter went back from {first} to {last} during the window "
+                "(the server restarted?): observed unknown"
+                if went_back
+                else f"the target reported {result.forward_steps} forward steps: observed unknown",
+            )
+        elif counts.observed is None and first is not None and last is not None:
+            if not result.error:
+                counts.observed, counts.counted_from = last - first, "counter"
         elif counts.observed is not None and counts.counted_from is None:
             counts.counted_from = "counter"  # a target that does not say counts as its counter
         paths = [self._layout.absolute(Path(p)) for p in result.files]
-        sizes = await asyncio.to_thread(lambda: [size_of(p) for p in paths])
+        sizes = await self._on_disk(lambda: [size_of(p) for p in paths]) if paths else []
         names = [self._layout.relative(p) for p in paths]
         record.files = [
             FileEntry(path=n, bytes=size or 0) for n, size in zip(names, sizes, strict=True)
@@ -313,8 +352,3 @@ class TargetMachine:
 
 def _bounded(window: Window) -> bool:
     return window.forward_steps is not None
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar
 
-from aprof._chrome_trace import STEP, WINDOW, ChromeTraceWriter, Event, Written
+from aprof._chrome_trace import STEP, WINDOW, ChromeTraceWriter, Event, Written, part_name
 from aprof._logging import logger
 from aprof._manifest import Clock
 from aprof._recorder import Recorder
@@ -46,9 +46,14 @@ _BATCH: Final = 2000
 
 
 class Timeline:
-    """The spans of one process, buffered and written to ``<folder>/<process>.trace.json.gz``."""
+    """The spans of one process, buffered and written to ``<folder>/<process>.trace.json.gz``
+    (and ``<process>.<k>.trace.json.gz`` for the k-th part of a long run)."""
 
-    def __init__(self, *, capacity: int, folder: Path, process: str, clock: Clock) -> None:
+    def __init__(
+        self, *, capacity: int, root: Path, folder: Path, process: str, clock: Clock
+    ) -> None:
+        """The file goes to ``folder/<process>.trace.json.gz``, below ``root``
+        (``save_path``)."""
         self.capacity = capacity
         self.recorder = Recorder(self._hand_over)
         """The events recorded and not handed to the writer yet; spans and requests record
@@ -59,11 +64,16 @@ class Timeline:
         self.closed = False
         self.process = process
         self.path = folder / f"{process}.trace.json.gz"
+        self._root = root
         self._windows: dict[int, tuple[WindowRecord, list[tuple[str, int]]]] = {}
         self._clock = clock
         self._pid = os.getpid()
         self._tid = threading.get_native_id()  # the event loop's, which steps are drawn on
         self._writer: RemoteFile | ChromeTraceWriter | None = None
+        self._last_write = 0
+        """The number of the latest write handed to the writer thread."""
+        self._failing = False
+        """The last write failed (said once on the log)."""
         self._executor: ThreadPoolExecutor | None = None
 
     def add(self, event: Event) -> None:
@@ -113,12 +123,17 @@ class Timeline:
         )
 
     def flush(self) -> Future[int] | None:
-        """Hand what was recorded to the writer thread; returns the write, ``None`` if closed."""
+        """Hand what was recorded to the writer thread; returns the write, ``None`` if closed.
+
+        Writes queued behind one another are one write: only the last writes the file, so a
+        slow disk or a large file makes writes rarer instead of queueing them up.
+        """
         if self.closed:
             return None
         events = self.recorder.take()
         self._handed_until_write(0)
-        return self._submit(self._write, events, self.recorder.dropped)
+        self._last_write += 1
+        return self._submit(self._write, events, self.recorder.dropped, self._last_write)
 
     def _handed_until_write(self, handed: int) -> None:
         # The next batch may take what the write has room for, up to a whole batch.
@@ -127,40 +142,54 @@ class Timeline:
     def _submit(self, work: Callable[..., _T], *args: object) -> Future[_T]:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="aprof-timeline")
-        done = self._executor.submit(work, *args)
-        done.add_done_callback(_log_failure)
-        return done
+        return self._executor.submit(work, *args)
 
     # -- in the writer thread ---------------------------------------------------------------
 
     def _writing(self) -> RemoteFile | ChromeTraceWriter:
         # In the writer thread, so that starting the writer process never delays the loop.
         if self._writer is None:
-            process, clock, pid, tid = self.process, self._clock, self._pid, self._tid
+            path, root, process, clock = self.path, self._root, self.process, self._clock
+            pid, tid = self._pid, self._tid
             shared = WriterProcess.shared()
             remote = (
                 None
                 if shared is None
-                else shared.open(self.path, process=process, clock=clock, pid=pid, tid=tid)
+                else shared.open(path, root=root, process=process, clock=clock, pid=pid, tid=tid)
             )
             self._writer = remote or ChromeTraceWriter(
-                self.path, process=process, clock=clock, pid=pid, tid=tid
+                path, root=root, process=process, clock=clock, pid=pid, tid=tid
             )
         return self._writer
 
     def _add(self, events: bytes) -> None:
-        self._writing().add_marshalled(events)
+        try:
+            self._writing().add_marshalled(events)
+        except Exception as exc:  # nothing waits for this: say it here
+            logger.warning("timeline batch lost", path=str(self.path), error=repr(exc))
 
-    def _write(self, events: bytes, dropped: int) -> int:
+    def _write(self, events: bytes, dropped: int, number: int) -> int:
         writer = self._writing()
         writer.add_marshalled(events)
-        return writer.write(dropped)
+        if number != self._last_write:  # a later write is queued: it writes these too
+            return writer.written.bytes
+        try:
+            size = writer.write(dropped)
+        except Exception as exc:
+            if not self._failing:  # once per outage; the events wait for the next write
+                logger.warning("timeline write failed", path=str(self.path), error=repr(exc))
+            self._failing = True
+            raise
+        if self._failing:
+            logger.warning("timeline written again", path=str(self.path))
+            self._failing = False
+        return size
 
     async def write_now(self) -> None:
         """Flush and wait for the write (its errors are logged, not raised)."""
         written = self.flush()
         if written is not None:
-            with contextlib.suppress(Exception):  # logged by _log_failure
+            with contextlib.suppress(Exception):  # logged in the writer thread
                 # Shielded: a cancelled wait must not cancel a write still queued, which
                 # holds events taken out of the buffer.
                 await asyncio.shield(asyncio.wrap_future(written))
@@ -184,14 +213,12 @@ class Timeline:
                     self._executor.submit(self._writer.close)
                 self._executor.shutdown(wait=False)
 
-    @property
-    def written(self) -> Written:
-        """Size, events and dropped count of the file as last written (0s before that)."""
+    def files(self) -> list[tuple[Path, Written]]:
+        """Each part of the timeline written so far, with its size and counts as last
+        written (a part passing 32 MiB is complete: the next write starts the next one)."""
         writer = self._writer
-        return Written(0, 0, 0) if writer is None else writer.written
-
-
-def _log_failure(done: Future[Any]) -> None:
-    exc = done.exception()
-    if exc is not None:
-        logger.warning("timeline write failed", error=repr(exc))
+        if writer is None:
+            return []
+        parts, current = writer.parts, writer.written  # each replaced whole: read once
+        written = [*parts, current] if current.bytes else list(parts)
+        return [(self.path.with_name(part_name(self.process, w.part)), w) for w in written]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
 from aprof._capture import CaptureFile, WorkerCapture
 from aprof._config import ConfigSource, ProfilerConfig, ScheduleConfig, load_config
-from aprof._layout import OutputLayout, check_name, safe_name, size_of, write_atomic
+from aprof._layout import OutputLayout, check_name, safe_name, size_of
 from aprof._logging import logger
 
 if TYPE_CHECKING:
@@ -224,7 +224,7 @@ class WorkerProfiler:
             )
             return
         try:
-            directory.mkdir(parents=True, exist_ok=True)
+            self._layout.make_dir(directory)
             if self._tool is None:
                 from aprof.tools import make_tool  # imports the tool's framework (torch)
 
@@ -282,8 +282,7 @@ class WorkerProfiler:
             if self._layout.role_dir(c.step, c.role, c.rank) == directory
         ]
         try:
-            directory.mkdir(parents=True, exist_ok=True)
-            write_atomic(directory / CAPTURES_FILE, json.dumps(records, indent=1))
+            self._layout.write(directory / CAPTURES_FILE, json.dumps(records, indent=1).encode())
         except OSError as exc:  # the in-memory record still reaches the driver
             logger.warning("aprof cannot write captures.json", dir=str(directory), error=str(exc))
 

@@ -92,11 +92,13 @@ class WriterProcess:
         return writer
 
     def open(
-        self, path: Path, *, process: str, clock: Anchor, pid: int, tid: int
+        self, path: Path, *, root: Path, process: str, clock: Anchor, pid: int, tid: int
     ) -> RemoteFile | None:
-        """A handle for writing ``path`` through this process; ``None`` if it has ended."""
+        """A handle for writing ``path`` (below ``root``, no link followed there) through this
+        process; ``None`` if it has ended."""
         file = self._files()
-        setup = (OPEN, file, str(path.absolute()), process, clock.wall_ns, clock.monotonic_ns)
+        where = (str(root.absolute()), str(path.absolute()))
+        setup = (OPEN, file, *where, process, clock.wall_ns, clock.monotonic_ns)
         try:
             with self._lock:
                 self._deliver(marshal.dumps((*setup, pid, tid)))
@@ -126,8 +128,7 @@ class WriterProcess:
                 raise OSError(self._why)
             kind, _, rest = answer.rstrip("\n").partition(" ")
             if kind == "written":
-                size, count, reported = map(int, rest.split())
-                return Written(size, count, reported)
+                return Written(*map(int, rest.split()))
             if kind == "failed":
                 raise OSError(rest)
             self.ended = True
@@ -200,7 +201,10 @@ class RemoteFile:
         self._process = process
         self._file = file
         self.written = Written(0, 0, 0)
-        """The file as last written; replaced whole, so another thread reads one write's."""
+        """The current part as last written; replaced whole, so another thread reads one
+        write's."""
+        self.parts: tuple[Written, ...] = ()
+        """The parts before the current one, complete."""
 
     def add_marshalled(self, events: bytes) -> None:
         """Hand ``events`` (``Recorder.take()``'s) to the next write."""
@@ -208,8 +212,11 @@ class RemoteFile:
 
     def write(self, dropped: int) -> int:
         """Rewrite the file with what :meth:`add` took since the last write; returns its size."""
-        self.written = self._process.write(self._file, dropped)
-        return self.written.bytes
+        written = self._process.write(self._file, dropped)
+        if written.part != self.written.part and self.written.bytes:
+            self.parts = (*self.parts, self.written)
+        self.written = written
+        return written.bytes
 
     def close(self) -> None:
         """No more writes to this file."""

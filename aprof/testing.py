@@ -95,7 +95,7 @@ class RecordingTarget:
         return [c.window for c in self.calls if c.op == "stop" and c.window is not None]
 
     async def wait_calls(
-        self, op: Literal["start", "stop"], count: int = 1, *, limit_s: float = 10
+        self, op: Literal["start", "stop", "forward_steps"], count: int = 1, *, limit_s: float = 10
     ) -> None:
         """Wait until ``op`` has been called ``count`` times; ``TimeoutError`` after ``limit_s``."""
         async with asyncio.timeout(limit_s), self._called:

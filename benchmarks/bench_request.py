@@ -123,7 +123,7 @@ async def measure_calls(calls: int, rounds: int) -> dict[str, float]:
                     began = time.perf_counter_ns()
                     await run()
                     best[name] = min(best[name], (time.perf_counter_ns() - began) / calls)
-                    await on.flush_timeline()  # not timed: the writer thread is idle again
+                    await on.flush()  # not timed: the writer thread is idle again
             assert on.manifest.timeline[0].dropped == 0
     return best
 
@@ -224,7 +224,7 @@ async def measure_loops(loops: int, turns: int, steps: int, rounds: int) -> dict
             # The step's end handed its spans to the writer thread; the probe runs meanwhile.
             stop = asyncio.Event()
             lag = asyncio.create_task(probe(stop))
-            await prof.flush_timeline()  # queued behind the step's write: waits for both
+            await prof.flush()  # queued behind the step's write: waits for both
             stop.set()
             assert prof.manifest.timeline[0].events >= 2 * loops * turns
             return await lag

@@ -18,7 +18,7 @@ def make_config(tmp_path: Path) -> Callable[..., aprof.ProfilerConfig]:
     def build(**sections: Any) -> aprof.ProfilerConfig:
         data: dict[str, Any] = {
             "global_profiler": {"steps": [1], "save_path": str(tmp_path / "profile")},
-            "timeouts": {"start_s": 2, "stop_s": 2, "poll_s": 0.001, "connect_s": 1},
+            "timeouts": {"start_s": 2, "stop_s": 2, "poll_s": 0.005, "connect_s": 1},
         }
         for key, value in sections.items():
             if isinstance(value, dict) and isinstance(data.get(key), dict):

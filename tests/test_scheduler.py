@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -276,6 +277,25 @@ async def test_a_stop_reaches_its_target_ahead_of_the_next_steps_queued_work(
     assert_windows(prof.manifest, [{"step": 1, "state": "done"}, {"step": 2, "state": "done"}])
 
 
+async def test_a_counter_that_goes_back_gives_no_count(make_config: MakeConfig) -> None:
+    """The server restarted during a polled window (its counter went back): the window says
+    so and its observed count is null, never negative."""
+    cfg = make_config(rollout={"forward_steps": 100})
+    target = RecordingTarget("replica_0", replica=0)
+    async with aprof.Profiler(cfg) as prof:
+        prof.add_target(target)
+        async with prof.step(1):
+            target.advance(30)
+            await generate(prof, target, 5)
+            await target.wait_calls("forward_steps", 1)  # the poller's baseline, 30 or 35
+            target.count = 2  # a fresh server
+    record = prof.manifest.window(1, "replica_0")
+    assert record is not None and record.state == "done"
+    assert record.forward_steps.observed is None
+    [note] = [n.text for n in prof.manifest.notes if "observed unknown" in n.text]
+    assert re.search(r"counter went back from 3[05] to 2 during the window", note), note
+
+
 async def test_hanging_stop_times_out(make_config: MakeConfig) -> None:
     """A stop that never returns ends as ``timeout`` once ``stop_s`` has passed."""
     (target,) = replicas(1, hang_stop=True)
@@ -487,6 +507,9 @@ async def test_misuse_raises_clear_errors(make_config: MakeConfig, tmp_path: Pat
             prof.add_target(RecordingTarget("../evil", replica=2))
         with pytest.raises(TypeError, match=r"not an aprof\.CaptureTarget"):
             prof.add_target(object())  # type: ignore[arg-type]
+        for rank in ("0", "../x", -1, True):
+            with pytest.raises(ValueError, match="use an integer >= 0 or None"):
+                prof.add_target(RecordingTarget("actor", kind="role", rank=rank))  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="integers >= 1"):
             async with prof.step(0):
                 pass
@@ -513,9 +536,12 @@ async def test_manifest_on_disk_has_the_contract_keys(make_config: MakeConfig) -
         async with prof.step(1):
             await generate(prof, target, 1)
     data = json.loads((prof.save_path / "manifest.json").read_text())
-    assert data["schema"] == "aprof.manifest/1"
+    assert data["schema"] == "aprof.manifest/2"
     assert set(data["clock"]) == {"wall_ns", "monotonic_ns"}
-    (window,) = data["windows"]
+    assert data["steps"] == "manifest/step_<n>.json" and "windows" not in data
+    step = json.loads((prof.save_path / "manifest" / "step_1.json").read_text())
+    assert step["schema"] == "aprof.step-manifest/1" and step["run_id"] == data["run_id"]
+    (window,) = step["windows"]
     assert set(window) == {
         "step", "target", "kind", "tool", "state", "stop_reason", "started_ns", "stopped_ns",
         "forward_steps", "requests", "files", "error",

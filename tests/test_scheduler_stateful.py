@@ -134,7 +134,7 @@ class Program:
                 "connect_s": 0.05,
                 "start_s": self.start_s,
                 "stop_s": self.stop_s,
-                "poll_s": 0.001,
+                "poll_s": 0.005,
             },
         }
 
@@ -341,6 +341,7 @@ async def run_program(program: Program, save: Path) -> None:
                 assert plan.ending == "cancel", f"step {plan.n} cancelled by the profiler"
             if outcome == "error":
                 assert plan.ending == "raise", f"step {plan.n} raised {task.exception()!r}"
+            await prof.flush()
             check_disk(save, program)
     left = {t for t in asyncio.all_tasks() - before if not t.done()}
     assert not left, f"tasks left pending after aclose(): {sorted(t.get_name() for t in left)}"

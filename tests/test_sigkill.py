@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import aprof
-from aprof._manifest import write_manifest
+from aprof._layout import OutputLayout
 from aprof.testing import RecordingTarget
 
 LINE_TIMEOUT_S = 60.0
@@ -32,7 +32,6 @@ import asyncio
 import sys
 
 import aprof
-from aprof._manifest import write_manifest
 from aprof.testing import RecordingTarget
 
 
@@ -52,6 +51,7 @@ async def main(save: str, mode: str) -> None:
         if mode == "aprof":  # the poller has read its baseline counter
             await target.wait_calls("forward_steps", 1)
         record = prof.manifest.window(1, "replica_0")
+        await prof.flush()
         on_disk = aprof.load_manifest(save).window(1, "replica_0")
         if not req.captured or on_disk is None or on_disk.started_ns is None:
             print("NOT-ACTIVE", req, on_disk, flush=True)
@@ -117,7 +117,9 @@ def test_sigkill_leaves_a_parsable_manifest_with_the_window_running(tmp_path: Pa
     assert window.state == "running"
     assert window.started_ns is not None and window.stopped_ns is None
     assert window.stop_reason is None and window.error is None
-    assert sorted(p.name for p in save.iterdir() if p.is_file()) == ["manifest.json"]
+    written = sorted(p.relative_to(save).as_posix() for p in save.rglob("*") if p.is_file())
+    assert [p for p in written if "manifest" in p] == ["manifest.json", "manifest/step_1.json"]
+    assert not [p for p in written if p.endswith(".aprof-tmp")], written
 
 
 @pytest.mark.parametrize("mode", ["server", "aprof"])
@@ -138,14 +140,16 @@ async def test_skipped_window_is_written_with_its_reason(
     """A window that ends before the previous stop of its target finished is ``skipped``;
     every manifest written from then on (what a killed run would leave) says why."""
     written: list[tuple[str, str | None]] = []
+    write = OutputLayout.write
 
-    def spy(manifest: aprof.Manifest, path: Path) -> None:
-        write_manifest(manifest, path)
-        record = aprof.load_manifest(path).window(2, "replica_0")
-        if record is not None:
-            written.append((record.state, record.error))
+    def spy(layout: OutputLayout, path: Path, data: bytes, *, keep_previous: bool = False) -> None:
+        write(layout, path, data, keep_previous=keep_previous)
+        if path.name == "step_2.json":
+            record = aprof.load_manifest(layout.root).window(2, "replica_0")
+            if record is not None:
+                written.append((record.state, record.error))
 
-    monkeypatch.setattr("aprof._scheduler.write_manifest", spy)
+    monkeypatch.setattr(OutputLayout, "write", spy)
     gate = asyncio.Event()
     target = RecordingTarget("replica_0", replica=0, stop_gate=gate)
     prof = aprof.Profiler(

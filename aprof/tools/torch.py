@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aprof._safe_files import vacant
 from aprof.tools import _require_torch
 from aprof.tools._schedule import MiniBatches, cycle_stem
 
@@ -114,7 +115,7 @@ class TorchTool:
         mini_batches = self._mini_batches
         if mini_batches is None:
             path = self._dir / f"{self._stem}{self._suffix}"
-            profiler.export_chrome_trace(str(path))
+            profiler.export_chrome_trace(vacant(path))
             return [path]
         end = mini_batches.end_note(len(self._files) + len(self._failures))
         notes = [*self._config_notes, *self._failures, *([end] if end else [])]
@@ -143,7 +144,7 @@ class TorchTool:
         first, last = self._mini_batches.cycle()
         path = self._dir / f"{cycle_stem(self._stem, first, last)}{self._suffix}"
         try:
-            profiler.export_chrome_trace(str(path))
+            profiler.export_chrome_trace(vacant(path))
         except Exception as exc:  # one lost cycle must not end the capture
             self._failures.append(f"mini-batches {first}-{last} not written: {exc}")
             return

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from aprof._safe_files import vacant
 from aprof.tools import _require_cuda
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ class TorchMemoryTool:
         self._dir = None
         path = dir / f"{stem}.pickle"
         try:
-            torch.cuda.memory._dump_snapshot(str(path))  # type: ignore[no-untyped-call]
+            torch.cuda.memory._dump_snapshot(vacant(path))  # type: ignore[no-untyped-call]
         finally:
             torch.cuda.memory._record_memory_history(enabled=None)
         return [*self._oom_files, path]
@@ -84,5 +85,5 @@ class TorchMemoryTool:
         if self._dir is None:
             return
         path = self._dir / f"{self._stem}.oom-{len(self._oom_files) + 1}.pickle"
-        torch.cuda.memory._dump_snapshot(str(path))  # type: ignore[no-untyped-call]
+        torch.cuda.memory._dump_snapshot(vacant(path))  # type: ignore[no-untyped-call]
         self._oom_files.append(path)

@@ -100,7 +100,7 @@ async def test_the_manifest_entry_describes_the_file_it_names(make_config: MakeC
         for i in range(3):
             with prof.span(f"s{i}"):
                 pass
-        await prof.flush_timeline()
+        await prof.flush()
         written = load_trace(timeline_file(prof.save_path))["aprofStats"]
         for i in range(5):  # fill the buffer again and drop 3 more
             with prof.span(f"t{i}"):
@@ -121,7 +121,7 @@ def test_a_failed_write_leaves_no_temporary_file(tmp_path: Path) -> None:
     folder = tmp_path / "timeline"
     clock = Clock(wall_ns=0, monotonic_ns=0)
     writer = ChromeTraceWriter(
-        folder / "p.trace.json.gz", process="p", clock=clock, pid=os.getpid(), tid=1
+        folder / "p.trace.json.gz", root=tmp_path, process="p", clock=clock, pid=os.getpid(), tid=1
     )
     writer.add([(SPAN, "a", 0, 1, None, None)])
     writer.write(0)

@@ -112,7 +112,7 @@ def test_any_interleaving_gives_a_valid_file_with_what_fit(
                 with contextlib.suppress(Planned):
                     await task
                 if i in write_after:
-                    await prof.flush_timeline()
+                    await prof.flush()
         [entry] = prof.manifest.timeline
         return entry.events, entry.dropped
 

@@ -62,7 +62,7 @@ async def run(save, name):
     async with aprof.Profiler(cfg) as prof:
         with prof.span(name):
             pass
-        await prof.flush_timeline()
+        await prof.flush()
         return prof
 
 async def main(first, second):
@@ -98,7 +98,7 @@ async def main(save):
     async with aprof.Profiler(cfg) as prof:
         with prof.span("before the fork"):
             pass
-        await prof.flush_timeline()
+        await prof.flush()
     if os.fork() == 0:  # a worker that outlives the recording process
         sys.stdin.read()
         os._exit(0)
@@ -131,7 +131,7 @@ async def test_a_writer_process_that_dies_costs_its_timelines_only(
         prof.add_target(RecordingTarget("replica_0", replica=0))
         with prof.span("written"):
             pass
-        await prof.flush_timeline()
+        await prof.flush()
         [pid] = writer_processes(os.getpid())
         writer = os.pidfd_open(pid)
         try:
@@ -141,7 +141,7 @@ async def test_a_writer_process_that_dies_costs_its_timelines_only(
             os.close(writer)
         async with prof.step(1), prof.request(replica=0) as req, prof.span("lost"):
             assert req.captured
-        await prof.flush_timeline()
+        await prof.flush()
     assert "timeline write failed" in capsys.readouterr().err
     assert list(spans(prof.save_path)) == ["written"]
     manifest = aprof.load_manifest(prof.save_path)
@@ -167,11 +167,11 @@ async def test_a_stuck_writer_process_is_killed_and_the_close_goes_on(
     async with aprof.Profiler(make_config()) as prof:
         with prof.span("written"):
             pass
-        await prof.flush_timeline()
+        await prof.flush()
         with stopped_writer_process():
             with prof.span("lost"):
                 pass
-            await prof.flush_timeline()
+            await prof.flush()
     assert "did not write within 0.5 s" in capsys.readouterr().err
     assert list(spans(prof.save_path)) == ["written"]
 
@@ -180,7 +180,7 @@ async def test_a_cancelled_flush_still_writes_what_it_took(make_config: MakeConf
     """A flush cancelled while its write waits behind another (the writer process is held
     with SIGSTOP meanwhile) is still written: its spans reach the file and are counted."""
     async with aprof.Profiler(make_config()) as prof:
-        await prof.flush_timeline()  # the writer process exists from here on
+        await prof.flush()  # the writer process exists from here on
         [pid] = writer_processes(os.getpid())
         waiting = asyncio.Event()
 
@@ -188,11 +188,11 @@ async def test_a_cancelled_flush_still_writes_what_it_took(make_config: MakeConf
             with prof.span("taken by the cancelled flush"):
                 pass
             waiting.set()
-            await prof.flush_timeline()  # queued behind the held write below
+            await prof.flush()  # queued behind the held write below
 
         os.kill(pid, signal.SIGSTOP)
         try:
-            held = asyncio.create_task(prof.flush_timeline())
+            held = asyncio.create_task(prof.flush())
             cancelled = asyncio.create_task(cancelled_flush())
             async with asyncio.timeout(30):
                 await waiting.wait()
@@ -203,7 +203,7 @@ async def test_a_cancelled_flush_still_writes_what_it_took(make_config: MakeConf
             os.kill(pid, signal.SIGCONT)
         async with asyncio.timeout(30):
             await held
-            await prof.flush_timeline()
+            await prof.flush()
         assert prof.manifest.timeline[0].events == 1
     assert list(spans(prof.save_path)) == ["taken by the cancelled flush"]
 
@@ -217,12 +217,12 @@ async def test_a_writer_process_that_takes_nothing_in_is_killed_and_the_close_go
     async with aprof.Profiler(make_config()) as prof:
         with prof.span("written"):
             pass
-        await prof.flush_timeline()
+        await prof.flush()
         with stopped_writer_process():
             for i in range(50_000):  # about 3 MB marshalled: more than its 1 MiB pipe holds
                 with prof.span("lost", i=i):
                     pass
-            await prof.flush_timeline()
+            await prof.flush()
     assert "took nothing in for 0.5 s" in capsys.readouterr().err
     assert list(spans(prof.save_path)) == ["written"]
 
@@ -247,7 +247,7 @@ async def test_without_a_writer_process_the_thread_writes_the_file(
         async with prof.step(1):
             with prof.span("turn", n=1):
                 pass
-        await prof.flush_timeline()
+        await prof.flush()
         with prof.span("after"):
             pass
     assert "timeline writer process failed to start" in capsys.readouterr().err

@@ -39,7 +39,7 @@ async def test_file_is_complete_after_a_mid_run_write_and_grows(make_config: Mak
             for i in range(5):
                 with prof.span(f"first {i}"):
                     pass
-        await prof.flush_timeline()
+        await prof.flush()
         middle = load_trace(timeline_file(prof.save_path))
         assert names(prof.save_path) == [f"first {i}" for i in range(5)]
         on_disk = aprof.load_manifest(prof.save_path).timeline
@@ -89,7 +89,7 @@ async def main(save):
             for i in range(50):
                 async with prof.span("kept", i=i):
                     pass
-        await prof.flush_timeline()
+        await prof.flush()
         async with prof.step(2):
             async with prof.span("open when killed"):
                 print("FLUSHED", flush=True)
@@ -122,7 +122,7 @@ async def test_a_full_buffer_drops_and_counts_until_the_next_write(
         for i in range(12):
             with prof.span(f"s{i}"):
                 pass
-        await prof.flush_timeline()
+        await prof.flush()
         async with prof.span("after the write"):
             pass
     assert names(prof.save_path) == [f"s{i}" for i in range(5)] + ["after the write"]
@@ -141,7 +141,7 @@ async def test_timeline_off_writes_nothing(make_config: MakeConfig) -> None:
         async with prof.step(1), prof.span("turn", i=1) as span, prof.request(replica=0) as req:
             with prof.span("tool_call"):
                 pass
-        await prof.flush_timeline()
+        await prof.flush()
     assert span is not None and req.step == 1
     assert not (prof.save_path / "timeline").exists()
     assert aprof.load_manifest(prof.save_path).timeline == []
@@ -186,7 +186,7 @@ async def test_a_failing_write_costs_the_timeline_only(
         prof.add_target(RecordingTarget("replica_0", replica=0))
         async with prof.step(1), prof.request(replica=0) as req, prof.span("turn"):
             assert req.captured
-        await prof.flush_timeline()
+        await prof.flush()
     assert "timeline write failed" in capsys.readouterr().err
     manifest = aprof.load_manifest(prof.save_path)
     assert [w.state for w in manifest.windows] == ["done"]
@@ -222,3 +222,58 @@ async def test_spans_ending_after_close_are_ignored_however_many(
             pass
     assert timeline_file(prof.save_path).read_bytes() == before
     assert names(prof.save_path) == ["before close"]
+
+
+async def test_a_long_run_writes_its_timeline_in_parts(
+    make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A part that passes its size is complete and the next write starts the next part, so a
+    write never copies more than one part: every part is a whole trace with the process's
+    name and clock, the manifest lists them all, and together they hold every span once.
+    (The writer thread writes here, with parts of 4 kB: the limit lives in its process.)"""
+    monkeypatch.setattr("aprof._chrome_trace._PART_BYTES", 4096)
+    monkeypatch.setattr("aprof._writer_process.WriterProcess.shared", classmethod(lambda cls: None))
+    async with aprof.Profiler(make_config(global_profiler={"steps": []})) as prof:
+        for n in range(1, 13):
+            async with prof.step(n):
+                for i in range(60):
+                    with prof.span("turn", n=n, i=i, text="x" * 20):
+                        pass
+            await prof.flush()
+    entries = aprof.load_manifest(prof.save_path).timeline
+    process = f"driver-{os.getpid()}"
+    assert len(entries) > 2
+    assert [e.path for e in entries] == [f"timeline/{process}.trace.json.gz"] + [
+        f"timeline/{process}.{k}.trace.json.gz" for k in range(2, len(entries) + 1)
+    ]
+    seen = []
+    for entry in entries:
+        data = load_trace(prof.save_path / entry.path)
+        assert data["aprof"]["process"] == process
+        assert data["aprofStats"]["events"] == entry.events
+        assert entry.bytes == (prof.save_path / entry.path).stat().st_size
+        seen += [(r.args["n"], r.args["i"]) for r in check_trace(data) if r.cat == "span"]
+    assert sorted(seen) == [(n, i) for n in range(1, 13) for i in range(60)]
+
+
+async def test_events_of_a_failed_write_wait_for_the_next(
+    make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that fails (here the folder is squatted by a file) loses nothing: once the way
+    is clear, the next write holds the spans of both steps."""
+    monkeypatch.setattr("aprof._writer_process.WriterProcess.shared", classmethod(lambda cls: None))
+    async with aprof.Profiler(make_config(global_profiler={"steps": []})) as prof:
+        folder = prof.save_path / "timeline"
+        folder.write_bytes(b"")  # not a folder: the write fails
+        async with prof.step(1):
+            with prof.span("first"):
+                pass
+        await prof.flush()
+        assert prof.manifest.timeline == []
+        folder.unlink()
+        async with prof.step(2):
+            with prof.span("second"):
+                pass
+    assert names(prof.save_path) == ["first", "second"]
+    [entry] = aprof.load_manifest(prof.save_path).timeline
+    assert (entry.events, entry.dropped) == (4, 0)  # two spans, two steps

@@ -137,7 +137,7 @@ async def test_a_raising_or_hanging_rank_fails_only_its_capture(make_config: Mak
     # Ranks that began are ended, and so is one whose begin ran out of time (it may begin late).
     began, refused = ["begin 1", "end"], ["begin 1"]
     assert [w.calls for w in workers] == [began, refused, began, began, began]
-    (on_disk,) = json.loads((save_path / "manifest.json").read_text())["windows"]
+    (on_disk,) = json.loads((save_path / "manifest" / "step_1.json").read_text())["windows"]
     assert [c["rank"] for c in on_disk["captures"]] == [0, 1, 2, 3, 4]
     (note,) = [n.text for n in manifest.notes if n.target == "actor"]
     assert note.startswith("failed captures: rank 1: begin failed")

@@ -1,0 +1,194 @@
+"""Writing inside one root folder without ever following a link below it.
+
+Folders are opened one level at a time with ``O_NOFOLLOW`` and every later call works relative
+to the folder's descriptor, so a link planted anywhere below the root (or swapped in while
+aprof writes) is refused, never followed. Files are replaced atomically through a temporary
+file created exclusively under an unpredictable name that says which host and process made
+it, so that a later run can remove what a killed one left behind.
+
+Standard library only: the timeline's writer process (``python -I -S``) loads it by path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import secrets
+import socket
+import stat
+import time
+from collections.abc import Iterable, Iterator, Sequence
+
+TEMP_SUFFIX = ".aprof-tmp"
+"""Every temporary file aprof writes ends so."""
+_HOST = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:40] or "host"
+_TEMP = re.compile(r"^\..*\.(?P<host>[A-Za-z0-9-]+)\.(?P<pid>\d+)\.[0-9a-f]{16}\.aprof-tmp$")
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class UnsafePathError(OSError):
+    """A link, or something that is not a folder, where aprof needs a folder of its own."""
+
+
+def open_folder(root: str, parts: Sequence[str], *, create: bool) -> int:
+    """A descriptor of ``root/parts...``, made (root too) if ``create``; raises ``UnsafePathError``
+    when one of ``parts`` is a link or not a folder. ``root`` itself is the user's: a link
+    there is followed. The caller closes the descriptor."""
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        if not create:
+            raise
+        os.makedirs(root, exist_ok=True)
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        where = root
+        for part in parts:
+            where = os.path.join(where, part)
+            try:
+                inner = _open_inner(fd, part, create)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise _unsafe(where, part, fd) from None
+                raise
+            os.close(fd)
+            fd = inner
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_inner(fd: int, part: str, create: bool) -> int:
+    try:
+        return os.open(part, _DIR_FLAGS, dir_fd=fd)
+    except FileNotFoundError:
+        if not create:
+            raise
+    with contextlib.suppress(FileExistsError):  # made meanwhile by another process
+        os.mkdir(part, 0o777, dir_fd=fd)
+    return os.open(part, _DIR_FLAGS, dir_fd=fd)
+
+
+def _unsafe(where: str, part: str, fd: int) -> UnsafePathError:
+    try:
+        mode = os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode
+    except OSError:
+        mode = 0
+    what = "a symbolic link" if stat.S_ISLNK(mode) else "not a folder"
+    return UnsafePathError(
+        errno.ELOOP if stat.S_ISLNK(mode) else errno.ENOTDIR,
+        f"{where} is {what}: aprof writes only into folders of its own below save_path "
+        "and follows no link there",
+    )
+
+
+def vacant(path: os.PathLike[str] | str) -> str:
+    """``path`` as text, once it is sure nothing is there: for a tool that writes a file by
+    name (torch's exports) and would follow a link planted at that name."""
+    if os.path.lexists(path):
+        raise FileExistsError(errno.EEXIST, "aprof does not write over what is there", str(path))
+    return os.fspath(path)
+
+
+def temp_name(name: str) -> str:
+    """A fresh, unpredictable name for a temporary file that will become ``name``."""
+    return f".{name}.{_HOST}.{os.getpid()}.{secrets.token_hex(8)}{TEMP_SUFFIX}"
+
+
+def create_exclusive(folder: int, name: str) -> int:
+    """A descriptor of the new file ``name`` in ``folder``; fails if anything is there."""
+    return os.open(name, _NEW_FILE, 0o644, dir_fd=folder)
+
+
+def replace_file(folder: int, name: str, chunks: Iterable[bytes]) -> int:
+    """Replace ``name`` in ``folder`` atomically with ``chunks``; returns the bytes written.
+
+    A reader sees the old file or the new one, whole. A link at ``name`` is replaced, not
+    followed.
+    """
+    tmp = temp_name(name)
+    fd = create_exclusive(folder, tmp)
+    try:
+        size = 0
+        with os.fdopen(fd, "wb", closefd=True) as out:
+            for chunk in chunks:
+                out.write(chunk)
+                size += len(chunk)
+        os.rename(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=folder)
+        raise
+    return size
+
+
+def write_file(
+    root: str, parts: Sequence[str], name: str, data: bytes, *, keep_previous: bool = False
+) -> None:
+    """Replace ``root/parts.../name`` atomically with ``data``, making the folders; with
+    ``keep_previous`` a file already there is first renamed aside (:func:`move_aside`)."""
+    folder = open_folder(root, parts, create=True)
+    try:
+        if keep_previous:
+            move_aside(folder, name)
+        replace_file(folder, name, (data,))
+    finally:
+        os.close(folder)
+
+
+def move_aside(folder: int, name: str) -> str | None:
+    """Rename ``name`` in ``folder`` (an earlier run's file) to ``<stem>.<its time><ext>``,
+    where ``<ext>`` is everything from the first dot; returns the new name, ``None`` if
+    there was nothing to move."""
+    try:
+        mtime = os.stat(name, dir_fd=folder, follow_symlinks=False).st_mtime
+    except FileNotFoundError:
+        return None
+    stem, dot, ext = name.partition(".")
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(mtime))
+    kept = f"{stem}.{stamp}{dot}{ext}"
+    n = 1
+    while _exists(folder, kept):
+        kept, n = f"{stem}.{stamp}-{n}{dot}{ext}", n + 1
+    os.rename(name, kept, src_dir_fd=folder, dst_dir_fd=folder)
+    return kept
+
+
+def _exists(folder: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=folder, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def stale_temp_files(root: str, *, depth: int, limit: int) -> Iterator[str]:
+    """Temporary files below ``root`` (``depth`` folders down, at most ``limit`` entries
+    looked at) left by a process of this host that has ended."""
+    seen = 0
+    for folder, dirs, files in os.walk(root):  # os.walk follows no link to a folder
+        level = 0 if folder == root else os.path.relpath(folder, root).count(os.sep) + 1
+        if level >= depth:
+            dirs.clear()
+        for name in files:
+            seen += 1
+            match = _TEMP.match(name)
+            if match and match["host"] == _HOST and not _alive(int(match["pid"])):
+                yield os.path.join(folder, name)
+        seen += len(dirs)
+        if seen >= limit:
+            return
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
