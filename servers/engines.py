@@ -235,15 +235,13 @@ class SGLangEngine:
             self._window = window
 
     async def stop(self, window: Window) -> CaptureResult:
-        """Stop the capture unless the engine has certainly ended it (its trace is there),
-        and list its files."""
+        """Stop the capture (always sent: the engine's "not in progress" after its own
+        auto-stop is read as already stopped) and list its files."""
         async with self._lock:
             if self._window != window:
                 raise RuntimeError(f"{self.name}: {window.prefix} is not this target's capture")
             self._window = None
-            auto_stopped = bool(await asyncio.to_thread(outputs, window.dir, self._npu))
-            if not auto_stopped:
-                auto_stopped = await self._send_stop()
+            auto_stopped = await self._send_stop()
             files = await asyncio.to_thread(outputs, window.dir, self._npu)
             note = self._note
             if not files:

@@ -2,8 +2,9 @@
 
 Each window writes into its own folder (``output_dir``) and ends after ``num_steps`` forward
 batches on the server. A delay is a ``start_step`` computed from the forward counter read just
-before the start, never a stale absolute one. A stop is not sent once the auto-stop has
-certainly run (it would answer 500); when it might have, a 500 is read as "already stopped".
+before the start, never a stale absolute one. A stop is always sent, also after the server's
+own auto-stop; for a capture the server was told to end (or begin) on its own, its 500 means
+"already stopped".
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import aiohttp
 import structlog
 
 from aprof import CaptureResult, LimitsConfig, TargetKind, TimeoutsConfig, Window
-from servers._http import ServerClient, ServerError
+from aprof._errors import describe
+from servers._http import ServerClient, ServerError, restart_error
 from servers.trace_files import outputs
 
 FORWARD_METRIC = "sglang:num_forward_steps_total"
@@ -24,7 +26,7 @@ FORWARD_METRIC = "sglang:num_forward_steps_total"
 Released SGLang exports no such counter: a delay is then not applied (the result says so)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Capture:
     """A capture this adapter started and has not stopped."""
 
@@ -33,21 +35,10 @@ class _Capture:
     """Forward batches the server was asked to record, ``None`` for until the stop."""
     start_step: int | None
     """The absolute ``start_step`` sent (a delayed start), if any."""
-    counter: int | None
-    """The forward counter once the start was answered."""
     note: str | None
     """What the start could not honour."""
-
-    @property
-    def done_at(self) -> int | None:
-        """A counter value by which the server has certainly ended the capture itself."""
-        if self.num_steps is None or self.counter is None:
-            return None
-        # The capture begins at the latest with the batch after the start (or at start_step);
-        # the server ends it before the forward of batch begins + num_steps, so it is over
-        # once the counter of completed batches reaches that one.
-        begins = max(self.start_step or 0, self.counter + 1)
-        return begins + self.num_steps
+    counter: int | None = None
+    """The forward counter once the start was answered."""
 
 
 class SGLangServer:
@@ -82,8 +73,18 @@ class SGLangServer:
         await self._client.open(timeouts, limits)
 
     async def aclose(self) -> None:
-        """Close the HTTP session."""
-        await self._client.aclose()
+        """Close the HTTP session, after one stop (bounded by ``timeouts.connect_s``) when a
+        start or stop of ours was cut off on the way: the run's last window leaves nothing
+        running."""
+        try:
+            async with self._lock:
+                if self._unsure:
+                    await self._clear_leftover(self._client.timeouts.connect_s)
+                    self._unsure = False
+        except Exception as exc:
+            self._log.warning("leftover capture not stopped", error=repr(exc))
+        finally:
+            await self._client.aclose()
 
     async def start(self, window: Window) -> None:
         """Start the capture of ``window`` into ``window.dir`` on the server's file system.
@@ -97,28 +98,34 @@ class SGLangServer:
                     f"{self.name}: the capture of {self._capture.window.prefix} is still active"
                 )
             if self._unsure:
-                await self._clear_leftover()
+                await self._clear_leftover(self._client.timeouts.start_s)
             body, start_step, note = await self._start_body(window)
             try:
                 await self._client.request(
                     "POST", "/start_profile", json=body, timeout_s=self._client.timeouts.start_s
                 )
-                counter = await self._client.metric_or_none(FORWARD_METRIC)
             except (ServerError, aiohttp.ClientConnectorError):
                 raise  # answered, or never reached the server: nothing of ours started
             except BaseException:
                 self._unsure = True  # cut off on the way: our capture may run untracked
                 raise
-            self._capture = _Capture(window, window.forward_steps, start_step, counter, note)
+            # Ours from here on: whatever happens next, a stop is sent for it.
+            capture = self._capture = _Capture(window, window.forward_steps, start_step, note)
             self._unsure = False
+            try:
+                capture.counter = await self._client.metric_or_none(FORWARD_METRIC)
+            except BaseException:
+                # Cancelled: the caller counts the start as failed and will not stop it.
+                self._capture, self._unsure = None, True
+                raise
 
     async def stop(self, window: Window) -> CaptureResult:
-        """Stop the capture of ``window`` unless the server has certainly ended it, and list
-        its files.
+        """Stop the capture of ``window`` and list its files.
 
-        Raises ``RuntimeError`` when this adapter did not start ``window`` (no stop is sent),
-        ``ServerError`` for a non-2xx answer other than a 500 on a capture the server may
-        have ended itself.
+        A stop that fails, and a server that restarted during the window, give a result with
+        ``error`` set and the files found all the same. Raises ``RuntimeError`` when this
+        adapter did not start ``window`` (no stop is sent), ``TimeoutError`` when the stop
+        is not answered within ``timeouts.stop_s``.
         """
         async with self._lock:
             capture = self._capture
@@ -131,23 +138,25 @@ class SGLangServer:
             self._capture = None
             self._unsure = True
             count = await self._client.metric_or_none(FORWARD_METRIC)
-            done_at = capture.done_at
-            auto_stopped = done_at is not None and count is not None and count >= done_at
-            pending = False
-            if not auto_stopped:
-                auto_stopped = await self._send_stop(capture)
-                # A stop while a start_step capture is still pending answers 500 too, and the
-                # capture then still begins: it was never recorded, and the next start must
-                # first stop it (else that start answers 500 "already in progress").
-                pending = auto_stopped and not _begun(capture, count)
-                auto_stopped = auto_stopped and not pending
-            self._unsure = pending
+            failure = None
+            try:
+                ended = await self._send_stop(capture)
+            except TimeoutError:
+                raise  # the profiler's own bound cuts it off the same way: a timed-out window
+            except Exception as exc:
+                ended, failure = False, f"stop failed: {describe(exc)}"
+            # A stop while a start_step capture is still pending answers 500 too, and the
+            # capture then still begins: it was never recorded, and the next start must
+            # first stop it (else that start answers 500 "already in progress").
+            pending = ended and not _begun(capture, count)
+            self._unsure = failure is not None or pending
             files = await asyncio.to_thread(outputs, window.dir, self.npu)
             return CaptureResult(
                 files=files,
                 forward_steps=_observed(capture, count),
-                auto_stopped=auto_stopped,
+                auto_stopped=ended and not pending,
                 note=self._note(capture, files),
+                error=restart_error(capture.counter, count) or failure,
             )
 
     async def forward_steps(self) -> int | None:
@@ -178,13 +187,11 @@ class SGLangServer:
         body["start_step"] = start_step = current + window.delay + 1
         return body, start_step, None
 
-    async def _clear_leftover(self) -> None:
+    async def _clear_leftover(self, timeout_s: float) -> None:
         """End what a start or stop of ours, cut off on the way, may have left running."""
         self._log.info("stopping what an interrupted call may have left running")
         try:
-            await self._client.request(
-                "POST", "/stop_profile", timeout_s=self._client.timeouts.start_s
-            )
+            await self._client.request("POST", "/stop_profile", timeout_s=timeout_s)
         except ServerError as exc:
             if exc.status != 500:  # 500: nothing was running
                 raise

@@ -9,15 +9,20 @@ Every function here does blocking file-system work: call it through ``asyncio.to
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import gzip
 import json
 import os
 import re
 import shutil
+import stat
 import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from aprof._safe_files import create_exclusive
 
 TRACE_SUFFIXES = (".pt.trace.json.gz", ".pt.trace.json", ".profiler_out.txt")
 """The file names vLLM gives a capture's traces (torch traces and the summary table)."""
@@ -30,6 +35,7 @@ _ITERATION = re.compile(r"execute_(\d+_)?context_\d+\(")
 _WORKER_TRACE = re.compile(r"\.pt\.trace\.json(\.gz)?$")
 _MTIME_SLACK_NS = 2_000_000_000  # some file systems keep modification times in 2 s steps
 _PREFIX_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+_FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def vllm_prefix(prefix: str) -> str:
@@ -67,7 +73,9 @@ def relocate(
 
     The window's traces are those named ``<prefix>_...`` when ``prefix`` is given, else those
     new or rewritten since the :func:`listing` ``before`` and modified after ``since_ns``.
-    Returns (moved, could not be moved), or ``None`` when ``source`` is not reachable.
+    Nothing is written through a link: a trace that is a link, or whose name is taken in
+    ``dest``, stays where it is, and so does every trace when ``dest`` is a link. Returns
+    (moved, could not be moved), or ``None`` when ``source`` is not reachable.
     """
     now = listing(source)
     if now is None:
@@ -82,15 +90,98 @@ def relocate(
                 chosen.append(name)
         elif earlier.get(name) != mtime and mtime >= since_ns - _MTIME_SLACK_NS:
             chosen.append(name)
+    try:
+        into = os.open(dest, _FOLDER)
+    except OSError:  # a link, or not a folder: nothing is written there
+        return [], [source / name for name in chosen]
     moved: list[Path] = []
     kept: list[Path] = []
-    for name in chosen:
-        try:
-            # A rename on one file system, copy and delete across devices.
-            moved.append(Path(shutil.move(source / name, dest / name)))
-        except OSError:
-            kept.append(source / name)
+    try:
+        for name in chosen:
+            if _move(source / name, into, name):
+                moved.append(dest / name)
+            else:
+                kept.append(source / name)
+    finally:
+        os.close(into)
     return moved, kept
+
+
+def _move(source: Path, folder: int, name: str) -> bool:
+    """Move ``source`` to ``name`` in ``folder`` (a descriptor); ``False``, leaving it in
+    place, when it is a link or ``name`` is taken. Follows no link, replaces nothing."""
+    try:
+        mode = os.lstat(source).st_mode
+        if stat.S_ISLNK(mode):
+            return False  # what it points at is not the server's trace
+        if stat.S_ISDIR(mode):
+            # A rename replaces an empty folder at the destination: look first.
+            if _exists(folder, name):
+                return False
+            os.rename(source, name, dst_dir_fd=folder)
+        else:
+            # Unlike a rename, a link fails when the name is taken.
+            os.link(source, name, dst_dir_fd=folder, follow_symlinks=False)
+            os.unlink(source)
+        return True
+    except FileExistsError:
+        return False
+    except OSError:
+        pass  # across devices, or a file system without links: copy
+    try:
+        _copy(source, folder, name)
+    except OSError:
+        return False
+    # The copy is whole: a source that cannot be removed only stays behind as well.
+    with contextlib.suppress(OSError):
+        if stat.S_ISDIR(mode):
+            shutil.rmtree(source)
+        else:
+            os.unlink(source)
+    return True
+
+
+def _copy(source: Path, folder: int, name: str) -> None:
+    """Copy the file or folder ``source`` to ``name`` in ``folder``, creating every entry
+    anew (nothing there is replaced or followed); what it made is removed if it fails."""
+    mode = os.lstat(source).st_mode
+    if stat.S_ISDIR(mode):  # torch_npu's *_ascend_pt folders
+        os.mkdir(name, 0o777, dir_fd=folder)
+        try:
+            inner = os.open(name, _FOLDER, dir_fd=folder)
+            try:
+                with os.scandir(source) as entries:
+                    for entry in entries:
+                        _copy(Path(entry.path), inner, entry.name)
+            finally:
+                os.close(inner)
+        except BaseException:
+            shutil.rmtree(name, dir_fd=folder, ignore_errors=True)
+            raise
+    elif stat.S_ISREG(mode):
+        with open(source, "rb", opener=_no_follow) as reader:
+            writer = os.fdopen(create_exclusive(folder, name), "wb")
+            try:
+                with writer:
+                    shutil.copyfileobj(reader, writer)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=folder)
+                raise
+    else:
+        raise OSError(errno.EINVAL, "neither a file nor a folder: not copied", str(source))
+
+
+def _no_follow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW)
+
+
+def _exists(folder: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=folder, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def outputs(folder: Path, npu: bool) -> tuple[Path, ...]:

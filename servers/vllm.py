@@ -19,7 +19,8 @@ import aiohttp
 import structlog
 
 from aprof import CaptureResult, CountSource, LimitsConfig, TargetKind, TimeoutsConfig, Window
-from servers._http import ServerClient, ServerError
+from aprof._errors import describe
+from servers._http import ServerClient, ServerError, restart_error
 from servers.trace_files import listing, relocate, vllm_prefix, vllm_steps_in
 
 Version = tuple[int, int]
@@ -61,17 +62,17 @@ def enable_hint(version: Version, profiler_dir: Path | None) -> str:
     )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Capture:
     """A capture this adapter started and has not stopped."""
 
     window: Window
     started_ns: int
     """Wall clock just before the start was sent."""
-    baseline: int | None
-    """The forward-step counter once the start was answered."""
     before: dict[str, int] | None
     """``profiler_dir`` entries (name -> mtime) at the start, when files are matched by time."""
+    baseline: int | None = None
+    """The forward-step counter once the start was answered."""
 
 
 class VLLMServer:
@@ -146,8 +147,18 @@ class VLLMServer:
         )
 
     async def aclose(self) -> None:
-        """Close the HTTP session."""
-        await self._client.aclose()
+        """Close the HTTP session, after one stop (bounded by ``timeouts.connect_s``; not
+        before 0.30) when a start or stop of ours was cut off on the way: the run's last
+        window leaves nothing running."""
+        try:
+            async with self._lock:
+                if self._unsure and self._version is not None:
+                    await self._clear_leftover(self._version, self._client.timeouts.connect_s)
+                    self._unsure = False
+        except Exception as exc:
+            self._log.warning("leftover capture not stopped", error=repr(exc))
+        finally:
+            await self._client.aclose()
 
     async def start(self, window: Window) -> None:
         """Start the capture of ``window``.
@@ -164,7 +175,7 @@ class VLLMServer:
                 )
             self._check_launch_window(window)
             if self._unsure:
-                await self._clear_leftover(version)
+                await self._clear_leftover(version, self._client.timeouts.start_s)
             by_time = version < _PER_CALL and self._profiler_dir is not None
             before = await asyncio.to_thread(listing, self._profiler_dir) if by_time else None
             started_ns = time.time_ns()
@@ -175,7 +186,6 @@ class VLLMServer:
                     json=self._start_body(window, version),
                     timeout_s=self._client.timeouts.start_s,
                 )
-                baseline = await self._client.metric_or_none(FORWARD_METRIC)
             except ServerError as exc:
                 raise self._explain(exc, version) from None
             except aiohttp.ClientConnectorError:
@@ -183,15 +193,24 @@ class VLLMServer:
             except BaseException:
                 self._unsure = True  # cut off on the way: our session may run untracked
                 raise
-            self._capture = _Capture(window, started_ns, baseline, before)
+            # Ours from here on: whatever happens next, a stop is sent for it.
+            capture = self._capture = _Capture(window, started_ns, before)
             self._unsure = False
+            try:
+                capture.baseline = await self._client.metric_or_none(FORWARD_METRIC)
+            except BaseException:
+                # Cancelled: the caller counts the start as failed and will not stop it.
+                self._capture, self._unsure = None, True
+                raise
 
     async def stop(self, window: Window) -> CaptureResult:
         """Stop the capture of ``window`` (also after a server-side auto-stop: vLLM needs it
         before the next start) and relocate its trace files.
 
-        Raises ``RuntimeError`` when this adapter did not start ``window`` (no stop is sent),
-        ``ServerError`` for a non-2xx answer.
+        A stop that fails, and a server that restarted during the window, give a result with
+        ``error`` set and the files found all the same. Raises ``RuntimeError`` when this
+        adapter did not start ``window`` (no stop is sent), ``TimeoutError`` when the stop
+        is not answered within ``timeouts.stop_s``.
         """
         async with self._lock:
             version = self._opened_version()
@@ -205,13 +224,19 @@ class VLLMServer:
             self._capture = None
             self._unsure = True
             count = await self._client.metric_or_none(FORWARD_METRIC)
+            failure = None
             try:
                 await self._client.request(
                     "POST", "/stop_profile", timeout_s=self._client.timeouts.stop_s
                 )
+            except TimeoutError:
+                raise  # the profiler's own bound cuts it off the same way: a timed-out window
             except ServerError as exc:
-                raise self._explain(exc, version) from None
-            self._unsure = False
+                failure = f"stop failed: {describe(self._explain(exc, version))}"
+            except Exception as exc:  # a dead server may still have left its traces
+                failure = f"stop failed: {describe(exc)}"
+            else:
+                self._unsure = False
             files, note = await self._collect(capture, version)
             observed, auto_stopped = self._observed(capture, count)
             traced = await asyncio.to_thread(vllm_steps_in, files)
@@ -226,6 +251,7 @@ class VLLMServer:
                 counted_from=counted_from,
                 auto_stopped=auto_stopped,
                 note=note,
+                error=restart_error(capture.baseline, count) or failure,
             )
 
     async def forward_steps(self) -> int | None:
@@ -296,7 +322,7 @@ class VLLMServer:
             )
         return exc
 
-    async def _clear_leftover(self, version: Version) -> None:
+    async def _clear_leftover(self, version: Version, timeout_s: float) -> None:
         """End the session an interrupted start or stop of ours may have left running (the
         flag stays up until a start succeeds: a cut-off start may land after this stop)."""
         if version < SAFE_EMPTY_STOP:
@@ -307,9 +333,7 @@ class VLLMServer:
         else:
             self._log.info("stopping what an interrupted call may have left running")
             try:
-                await self._client.request(
-                    "POST", "/stop_profile", timeout_s=self._client.timeouts.start_s
-                )
+                await self._client.request("POST", "/stop_profile", timeout_s=timeout_s)
             except ServerError as exc:
                 raise self._explain(exc, version) from None
 

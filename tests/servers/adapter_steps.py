@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from conftest import Complete
 
 STEPS = [1, 2, 5]
-TIMEOUTS = {"start_s": 30, "stop_s": 30, "poll_s": 0.002, "connect_s": 5}
+TIMEOUTS = {"start_s": 30, "stop_s": 30, "poll_s": 0.005, "connect_s": 5}
 
 
 def config(save: Path, **rollout: Any) -> aprof.ProfilerConfig:

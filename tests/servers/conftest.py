@@ -7,7 +7,9 @@ package ``servers`` and shadow the real one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -71,3 +73,19 @@ def logs() -> Iterator[list[Any]]:
             yield captured
     finally:
         structlog.configure(**before)
+
+
+def on_another_device(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
+    """Make renames and hard links out of ``folder`` fail as across devices (``EXDEV``),
+    as they do when a server's trace folder is another file system than ``save_path``."""
+
+    def crossing(real: Callable[..., None]) -> Callable[..., None]:
+        def call(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+            if isinstance(src, (str, Path)) and Path(src).is_relative_to(folder):
+                raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), str(src))
+            real(src, dst, *args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(os, "rename", crossing(os.rename))
+    monkeypatch.setattr(os, "link", crossing(os.link))

@@ -21,7 +21,7 @@ from servers import SGLangServer, VLLMServer
 from servers.process import free_port
 from servers.reference import Faults, ReferenceConfig, ReferenceServer, forward_step_numbers, serve
 
-TIMEOUTS = {"start_s": 30, "stop_s": 30, "poll_s": 0.002, "connect_s": 5}
+TIMEOUTS = {"start_s": 30, "stop_s": 30, "poll_s": 0.005, "connect_s": 5}
 Target = VLLMServer | SGLangServer
 
 

@@ -262,7 +262,10 @@ async def test_double_request_form_bounds_each_window_on_the_engine(tmp_path: Pa
     prof = await _run(_config(tmp_path, [1, 3]), target, scheduler, batches=6)
     window = {"state": "done", "stop_reason": "auto_stop", "forward_steps.enforced_by": "server"}
     assert_windows(prof.manifest, [{**window, "step": 1}, {**window, "step": 3}])
-    assert manager.calls == ["auto_create_handle_loop", "start_profile"] * 2  # never a stop
+    # A stop after each auto-stop all the same: its "not in progress" reads as already stopped.
+    assert manager.calls == [
+        "auto_create_handle_loop", "start_profile", "auto_create_handle_loop", "stop_profile"
+    ] * 2  # fmt: skip
     assert scheduler.req is not None
     assert scheduler.req.output_dir == str(tmp_path / "profile/step_3/rollout/replica_0")
     assert (scheduler.req.num_steps, scheduler.req.start_step) == (3, None)
@@ -317,7 +320,7 @@ async def test_double_delay_becomes_a_fresh_absolute_start_step(tmp_path: Path) 
     assert_windows(prof.manifest, [{**window, "forward_steps.observed": 3}])
     assert scheduler.req is not None and scheduler.req.start_step == 43
     assert _batches(scheduler.written[0]) == 3
-    assert "start_profile" in manager.calls and "stop_profile" not in manager.calls
+    assert manager.calls.count("start_profile") == manager.calls.count("stop_profile") == 1
 
 
 async def test_double_delay_without_counter_is_reported(tmp_path: Path) -> None:

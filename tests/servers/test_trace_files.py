@@ -1,4 +1,5 @@
-"""``servers.trace_files``: counting the engine steps a vLLM capture holds, whatever it finds."""
+"""``servers.trace_files``: counting the engine steps a vLLM capture holds, whatever it finds,
+and moving a window's traces without writing anywhere but the window's folder."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ import gzip
 import json
 from pathlib import Path
 
-from servers.trace_files import count_vllm_iterations, vllm_steps_in
+import pytest
+from conftest import on_another_device
+
+from servers.trace_files import count_vllm_iterations, relocate, vllm_steps_in
 
 
 def _event(name: str) -> dict[str, object]:
@@ -42,3 +46,66 @@ def test_unreadable_traces_are_no_count_not_an_error(tmp_path: Path) -> None:
     scalar = _write(tmp_path / "c_rank0.1.pt.trace.json.gz", 3)
     weird = _write(tmp_path / "d_rank0.1.pt.trace.json.gz", {"traceEvents": {"a": 1}})
     assert vllm_steps_in([corrupt, truncated, scalar, weird]) is None
+
+
+def _relocate(source: Path, dest: Path) -> tuple[list[Path], list[Path]]:
+    found = relocate(source, dest, "p", None, 0)
+    assert found is not None
+    return found
+
+
+def _folders(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """The server's trace folder, the window's folder, and a folder outside ``save_path``."""
+    source, dest, outside = tmp_path / "traces", tmp_path / "save" / "w", tmp_path / "outside"
+    for folder in (source, dest, outside):
+        folder.mkdir(parents=True)
+    return source, dest, outside
+
+
+@pytest.mark.parametrize("devices", ["same", "across"])
+def test_relocation_follows_no_link_and_replaces_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, devices: str
+) -> None:
+    source, dest, outside = _folders(tmp_path)
+    if devices == "across":
+        on_another_device(monkeypatch, source)
+    secret = outside / "secret.txt"
+    secret.write_text("not the server's")
+    (source / "p_rank0.1.pt.trace.json.gz").write_text("trace")
+    npu = source / "p_host_1_ascend_pt"
+    (npu / "FRAMEWORK").mkdir(parents=True)
+    (npu / "FRAMEWORK" / "data.json").write_text("npu")
+    # A trace that is a link to a file outside: never moved, its target never read.
+    (source / "p_rank1.1.pt.trace.json.gz").symlink_to(secret)
+    # Names already taken in the window's folder, one by a link planted to a folder outside
+    # and one by a link to a file outside: neither is written through nor replaced.
+    (source / "p_rank2.1.pt.trace.json.gz").write_text("trace 2")
+    (dest / "p_rank2.1.pt.trace.json.gz").symlink_to(outside)
+    (source / "p_rank3.1.pt.trace.json.gz").write_text("trace 3")
+    (dest / "p_rank3.1.pt.trace.json.gz").symlink_to(secret)
+    moved, kept = _relocate(source, dest)
+    assert sorted(p.name for p in moved) == ["p_host_1_ascend_pt", "p_rank0.1.pt.trace.json.gz"]
+    assert all(p.parent == dest for p in moved)
+    assert (dest / "p_rank0.1.pt.trace.json.gz").read_text() == "trace"
+    assert (dest / "p_host_1_ascend_pt" / "FRAMEWORK" / "data.json").read_text() == "npu"
+    assert sorted(p.name for p in kept) == [f"p_rank{k}.1.pt.trace.json.gz" for k in (1, 2, 3)]
+    assert all(p.parent == source for p in kept)
+    assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"]
+    assert secret.read_text() == "not the server's"
+    assert (dest / "p_rank3.1.pt.trace.json.gz").is_symlink()
+    assert sorted(p.name for p in source.iterdir()) == [p.name for p in kept]
+
+
+@pytest.mark.parametrize("devices", ["same", "across"])
+def test_relocation_into_a_linked_folder_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, devices: str
+) -> None:
+    source, dest, outside = _folders(tmp_path)
+    if devices == "across":
+        on_another_device(monkeypatch, source)
+    dest.rmdir()
+    dest.symlink_to(outside)
+    (source / "p_rank0.1.pt.trace.json.gz").write_text("trace")
+    moved, kept = _relocate(source, dest)
+    assert (moved, kept) == ([], [source / "p_rank0.1.pt.trace.json.gz"])
+    assert list(outside.iterdir()) == []

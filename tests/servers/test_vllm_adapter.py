@@ -7,15 +7,13 @@ directly. Every wait is bounded; nothing sleeps.
 from __future__ import annotations
 
 import asyncio
-import errno
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 from adapter_steps import STEPS, TIMEOUTS, answered, config, run_steps, window
-from conftest import Complete, ReferenceFactory
+from conftest import Complete, ReferenceFactory, on_another_device
 
 import aprof
 from aprof.testing import assert_windows
@@ -317,13 +315,10 @@ async def test_traces_are_copied_across_devices(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def cross_device(src: Any, dst: Any) -> None:
-        raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
-
-    # shutil.move falls back to copy and delete when a rename crosses devices.
-    monkeypatch.setattr(os, "rename", cross_device)
     save = tmp_path / "profile"
     async with asyncio.timeout(120), reference_server(vllm_version="0.31.0") as server:
+        assert server.profiler_dir is not None
+        on_another_device(monkeypatch, server.profiler_dir)
         prof = aprof.Profiler(config(save))
         prof.add_target(VLLMServer(server.url, replica=0, profiler_dir=server.profiler_dir))
         await run_steps(prof, server, complete)
