@@ -6,8 +6,9 @@ import difflib
 import json
 import os
 import re
+import stat
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from pathlib import Path, PurePath
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -32,7 +33,21 @@ from pydantic_core import ErrorDetails
 
 from aprof._errors import ConfigError
 from aprof._layout import check_name
-from aprof._steps import StepSelection, _is_int, _show
+from aprof._steps import MAX_INT, StepSelection, _is_int, _member, _show
+
+MAX_CONFIG_BYTES = 1024**2
+"""Largest config file (or YAML text) read: 1 MiB. verl's composed trainer configs are tens of
+kB; YAML parsing in Python takes about 10 s per MiB on a slow core."""
+MAX_ALIASES = 100
+"""Most YAML aliases (`*name`) one config may use."""
+MAX_VALUES = 1_000_000
+"""Most values (scalars, lists, mappings) a config may hold once YAML aliases (and sub-objects
+a mapping passed in shares) are expanded: a 526-byte alias bomb expands to 387 million."""
+MAX_DEPTH = 100
+"""Most levels a config may nest (aprof's own keys nest 5 deep, verl's about 8)."""
+MAX_INT_DIGITS = 100
+"""Most digits of an integer in a config file; Python's int() is slow on long ones and refuses
+more than 4300."""
 
 # ---------------------------------------------------------------------------------------------
 # Field types
@@ -40,9 +55,10 @@ from aprof._steps import StepSelection, _is_int, _show
 
 # Strict: YAML already yields real ints and bools; `ranks: [true]` or `delay: 1.5` is a mistake.
 StrictBool = Annotated[bool, Strict()]
-PositiveInt = Annotated[int, Strict(), Field(gt=0)]
-NonNegativeInt = Annotated[int, Strict(), Field(ge=0)]
-Seconds = Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)]
+PositiveInt = Annotated[int, Strict(), Field(gt=0, le=MAX_INT)]
+NonNegativeInt = Annotated[int, Strict(), Field(ge=0, le=MAX_INT)]
+# Each field gives its own range: `Field(default, ge=..., le=...)`.
+Seconds = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 
 
 def _parse_steps(value: object) -> StepSelection:
@@ -68,13 +84,31 @@ Steps = Annotated[
 ]
 
 
-def _non_empty_path(value: object) -> object:
-    if isinstance(value, str) and not value.strip():
-        raise ConfigError("", "must not be empty")
+def _path_text(value: object) -> object:
+    if isinstance(value, str | PurePath):
+        text = str(value)
+        if not text.strip():
+            raise ConfigError("", "must not be empty")
+        # Either would pass here and fail later, when a file is created, with a raw error.
+        if "\0" in text:
+            raise ConfigError("", f"must not hold a NUL character, got {_show(text)}")
+        try:
+            os.fsencode(text)
+        except UnicodeEncodeError as exc:
+            reason = f"{text[exc.start : exc.end]!r} cannot be in a file name here ({exc.reason})"
+            raise ConfigError("", reason) from None
     return value
 
 
-NonEmptyPath = Annotated[Path, BeforeValidator(_non_empty_path)]
+def _expand_home(path: Path) -> Path:
+    # Without this, `~/prof` creates a folder named `~` in the working directory.
+    try:
+        return path.expanduser()
+    except RuntimeError:  # `~name` of an unknown user, or no home at all
+        raise ConfigError("", f"cannot find the home folder {path.parts[0]!r} stands for") from None
+
+
+Pathname = Annotated[Path, BeforeValidator(_path_text), AfterValidator(_expand_home)]
 
 
 def _indices(what: str) -> Callable[[object], object]:
@@ -90,6 +124,8 @@ def _indices(what: str) -> Callable[[object], object]:
         for i, item in enumerate(value):
             if not _is_int(item) or item < 0:
                 raise ConfigError(f"[{i}]", f"expected a {what} index >= 0, got {_show(item)}")
+            if item > MAX_INT:
+                raise ConfigError(f"[{i}]", f"must be <= {MAX_INT}, got {_show(item)}")
             if item in seen:
                 raise ConfigError(f"[{i}]", f"{what} {item} is listed twice")
             seen.add(item)
@@ -153,7 +189,7 @@ class GlobalProfilerConfig(_Model):
         default_factory=StepSelection,
         description="Selected 1-based global steps: list, range string '1-3,5', {every: k}.",
     )
-    save_path: NonEmptyPath = Field(
+    save_path: Pathname = Field(
         Path("outputs/profile"), description="Root of every output (traces, manifest)."
     )
     continuous: StrictBool = Field(
@@ -288,11 +324,14 @@ class NsysToolConfig(_Unscheduled):
     trace: Annotated[list[str], AfterValidator(_distinct_nonempty)] = Field(
         default_factory=lambda: ["cuda", "nvtx"], description="nsys --trace APIs."
     )
-    output_dir: NonEmptyPath | None = Field(
+    output_dir: Pathname | None = Field(
         None, description="Where nsys writes reports; null = under save_path."
     )
     finalize_s: Seconds = Field(
-        60.0, description="How long a stop waits for nsys to finish writing its report."
+        60.0,
+        gt=0,
+        le=86400,
+        description="How long a stop waits for nsys to finish writing its report.",
     )
 
 
@@ -314,19 +353,29 @@ class ToolConfig(_Model):
 
 
 class TimeoutsConfig(_Model):
-    """Bounds of every wait, in seconds (all > 0)."""
+    """Bounds of every wait, in seconds, each within a range that keeps a run sane."""
 
-    connect_s: Seconds = Field(5.0, description="HTTP connect timeout.")
-    start_s: Seconds = Field(30.0, description="Starting one capture; gated requests wait this.")
-    stop_s: Seconds = Field(600.0, description="Stopping one capture (flushing large traces).")
-    poll_s: Seconds = Field(0.05, description="Forward-step counter poll interval.")
+    connect_s: Seconds = Field(5.0, ge=0.01, le=600, description="HTTP connect timeout.")
+    start_s: Seconds = Field(
+        30.0, ge=0.01, le=3600, description="Starting one capture; gated requests wait this."
+    )
+    # Flushing a huge trace takes minutes, never days.
+    stop_s: Seconds = Field(
+        600.0, ge=0.01, le=86400, description="Stopping one capture (flushing large traces)."
+    )
+    # Below 5 ms the poll loop floods a server with /metrics requests.
+    poll_s: Seconds = Field(
+        0.05, ge=0.005, le=60, description="Forward-step counter poll interval."
+    )
 
 
 class LimitsConfig(_Model):
     """Bounds on what aprof reads from the outside, in bytes."""
 
-    answer_bytes: PositiveInt = Field(
+    answer_bytes: Annotated[int, Strict()] = Field(
         16 * 1024**2,
+        ge=1024,
+        le=1024**3,  # it is held in memory whole
         description="Largest answer read from a server; a longer one fails the call that got it.",
     )
 
@@ -351,8 +400,11 @@ class TimelineConfig(_Model):
     """aprof's own spans (steps, requests, turns, tool calls, captures) as a Chrome trace."""
 
     enable: StrictBool = Field(True, description="Record the timeline at all.")
-    buffer_events: PositiveInt = Field(
-        200_000, description="Spans kept between two writes (one step); more are dropped."
+    buffer_events: Annotated[int, Strict()] = Field(
+        200_000,
+        gt=0,
+        le=10_000_000,  # they are held in memory
+        description="Spans kept between two writes (one step); more are dropped.",
     )
     process: Annotated[str | None, AfterValidator(_path_safe)] = Field(
         None, description="File name of this process's timeline; null = driver-<pid>."
@@ -381,10 +433,9 @@ class ProfilerConfig(_Model):
             return roles
         for name in roles:
             if not isinstance(name, str) or not _ROLE_NAME.fullmatch(name):
-                shown = (
-                    f".{name}" if isinstance(name, str) and name.isprintable() else f"[{name!r}]"
+                raise ConfigError(
+                    _member(name), "role names may hold only letters, digits, '_' and '-'"
                 )
-                raise ConfigError(shown, "role names may hold only letters, digits, '_' and '-'")
         # `actor:` with nothing under it reads as null: a role with default settings.
         return {name: {} if role is None else role for name, role in roles.items()}
 
@@ -423,11 +474,11 @@ def load_config(source: ConfigSource = None) -> ProfilerConfig:
     if source is None:
         data = {}
     elif isinstance(source, Mapping):
-        data = source
+        data = _plain(source)  # OmegaConf and other containers validate as dicts and lists do
     elif isinstance(source, os.PathLike):
         data = read_config_file(source)
     elif isinstance(source, str):
-        data = read_config_file(source) if _is_path(source) else _parse_yaml(source, None)
+        data = read_config_file(source) if _is_path(source) else _parse_text(source)
     else:
         raise ConfigError(
             None, f"expected a file path, a mapping or YAML text, got {type(source).__name__}"
@@ -448,30 +499,147 @@ def _is_path(text: str) -> bool:
     return os.path.exists(text) or text.endswith((".yaml", ".yml", ".json"))
 
 
+def _parse_text(text: str) -> object:
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            None, f"YAML text longer than {MAX_CONFIG_BYTES} characters (the limit of a config)"
+        )
+    return _parse_yaml(text, None)
+
+
 def read_config_file(path: str | os.PathLike[str]) -> object:
-    """The parsed content of a YAML or JSON file; ConfigError naming the file if unreadable."""
+    """The parsed content of a YAML or JSON file, as plain dicts and lists.
+
+    Raises ConfigError naming the file if it is not a regular file, is larger than
+    MAX_CONFIG_BYTES, cannot be parsed or exceeds a limit on its content (aliases, values,
+    nesting, integer digits).
+    """
     path = Path(path)
+    # Errors name the file; one that would break the line is quoted.
+    where = str(path) if str(path).isprintable() else repr(str(path))
     try:
-        text = path.read_text(encoding="utf-8")
+        text = _read_bounded(path, where).decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(str(path), f"not UTF-8 text ({exc.reason})") from None
-    except OSError as exc:
-        raise ConfigError(str(path), f"cannot read: {exc.strerror or exc}") from None
+        raise ConfigError(where, f"not UTF-8 text ({exc.reason})") from None
     if path.suffix == ".json":
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            reason = f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
-            raise ConfigError(str(path), reason) from None
-    return _parse_yaml(text, str(path))
+        return _parse_json(text, where)
+    return _parse_yaml(text, where)
+
+
+_FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _read_bounded(path: Path, where: str) -> bytes:
+    """The bytes of a regular file of at most MAX_CONFIG_BYTES; ConfigError naming `where`."""
+    too_large = f"larger than {MAX_CONFIG_BYTES} bytes (the limit of a config file)"
+    try:
+        # Non-blocking: opening a FIFO for reading would otherwise wait for a writer forever.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except ValueError:  # what os.open raises for a NUL in the name
+        raise ConfigError(where, "cannot read: a file name cannot hold a NUL character") from None
+    except OSError as exc:
+        raise ConfigError(where, f"cannot read: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kinds = (name for is_kind, name in _FILE_KINDS if is_kind(info.st_mode))
+            raise ConfigError(where, f"not a regular file: {next(kinds, 'unknown')}")
+        if info.st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(where, too_large)
+        with open(fd, "rb", closefd=False) as file:
+            data = file.read(MAX_CONFIG_BYTES + 1)  # the file may have grown since fstat
+    except OSError as exc:
+        raise ConfigError(where, f"cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(where, too_large)
+    return data
+
+
+def _parse_json(text: str, origin: str) -> object:
+    try:
+        data = json.loads(text, object_pairs_hook=_json_object, parse_int=_json_int)
+    except json.JSONDecodeError as exc:
+        reason = f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
+        raise ConfigError(origin, reason) from None
+    except ConfigError as exc:  # from the hooks, which do not know the file
+        raise ConfigError(origin, f"invalid JSON: {exc.reason}") from None
+    except RecursionError:
+        raise ConfigError(origin, _too_deep()) from None  # as _plain says it
+    return _plain(data, origin)
+
+
+def _json_object(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    # json.loads alone keeps the last value of a key given twice.
+    data: dict[str, object] = {}
+    for key, value in pairs:
+        if key in data:
+            raise ConfigError(None, f"key {key!r} given twice in one object")
+        data[key] = value
+    return data
+
+
+def _json_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise ConfigError(None, _too_long(digits))
+    return int(text)
+
+
+def _too_deep() -> str:
+    return f"nested more than {MAX_DEPTH} levels deep (the limit of a config)"
+
+
+def _too_long(digits: int) -> str:
+    return f"an integer of {digits} digits (the limit of a config is {MAX_INT_DIGITS})"
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that rejects a key given twice in one mapping (yaml keeps the last)."""
+    """SafeLoader that rejects a key given twice in one mapping (yaml keeps the last), more than
+    MAX_ALIASES aliases, nodes nested deeper than MAX_DEPTH and integers of more than
+    MAX_INT_DIGITS digits."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._aliases = 0
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        # Checked while composing, before anything is expanded.
+        mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]  # untyped stub
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                limit = f"more than {MAX_ALIASES} aliases (the limit of a config)"
+                raise yaml.composer.ComposerError(None, None, limit, mark)
+        elif self._depth >= MAX_DEPTH:
+            raise yaml.composer.ComposerError(None, None, _too_deep(), mark)
+        self._depth += 1
+        node = super().compose_node(parent, index)
+        self._depth -= 1
+        return node
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, KeyError, IndexError, AttributeError):
+            # What SafeLoader's scalar constructors raise on `!!int abc`, `!!bool x`, `!!float ''`,
+            # `!!timestamp x` or the date 2001-02-30.
+            tag = node.tag.removeprefix("tag:yaml.org,2002:")
+            reason = f"not a valid {tag}: {_show(node.value)}"
+            raise yaml.constructor.ConstructorError(None, None, reason, node.start_mark) from None
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[tuple[str, str]] = set()
-        for key_node, _ in node.value:
+        # Not a mapping node (`!!set [1]`): SafeLoader says so.
+        for key_node, _ in node.value if isinstance(node, yaml.MappingNode) else ():
             if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
                 ident = (key_node.tag, key_node.value)
                 if ident in seen:
@@ -481,32 +649,56 @@ class _Loader(yaml.SafeLoader):
                 seen.add(ident)
         return super().construct_mapping(node, deep=deep)
 
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        digits = len(node.value.lstrip("+-").replace("_", ""))
+        if digits > MAX_INT_DIGITS:
+            raise yaml.constructor.ConstructorError(None, None, _too_long(digits), node.start_mark)
+        return super().construct_yaml_int(node)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
+
 
 def _parse_yaml(text: str, origin: str | None) -> object:
     try:
-        return yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader
+        data = yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         problem = getattr(exc, "problem", None) or (str(exc).splitlines() or ["unreadable"])[0]
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         raise ConfigError(origin, f"invalid YAML{where}: {problem}") from None
-    except RecursionError:
-        raise ConfigError(origin, "invalid YAML: nested too deeply") from None
+    return _plain(data, origin)
 
 
-def _plain(value: object) -> object:
-    """OmegaConf containers (and any Mapping / Sequence) as plain dicts and lists."""
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
-        return [_plain(v) for v in value]
-    return value
+def _plain(value: object, origin: str | None = None) -> object:
+    """OmegaConf containers (and any Mapping / Sequence) as plain dicts and lists.
+
+    Raises ConfigError naming `origin` past MAX_VALUES values or MAX_DEPTH levels: a sub-object
+    that appears several times (a YAML alias, a list shared in a mapping passed in) counts each
+    time, and the walk stops at the limit instead of expanding everything first.
+    """
+    count = 0
+
+    def walk(value: object, depth: int) -> object:
+        nonlocal count
+        count += 1
+        if count > MAX_VALUES:
+            reason = f"more than {MAX_VALUES} values with aliases expanded (the limit of a config)"
+            raise ConfigError(origin, reason)
+        if depth > MAX_DEPTH:
+            raise ConfigError(origin, _too_deep())
+        if isinstance(value, Mapping):
+            return {k: walk(v, depth + 1) for k, v in value.items()}
+        if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+            return [walk(v, depth + 1) for v in value]
+        return value
+
+    return walk(value, 1)
 
 
 def _validate(data: Mapping[Any, Any]) -> ProfilerConfig:
     try:
-        # Plain dicts and lists all the way down: OmegaConf and other containers validate alike.
-        return ProfilerConfig.model_validate(_plain(data))
+        return ProfilerConfig.model_validate(data)
     except ValidationError as exc:
         raise _convert(exc, ProfilerConfig) from None
     except (TypeError, KeyError, RecursionError) as exc:  # belt and braces: one error type out
@@ -532,7 +724,8 @@ def _convert(exc: ValidationError, root: type[BaseModel]) -> ConfigError:
 def _key_path(loc: Sequence[int | str]) -> str:
     path = ""
     for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else part)
+        member = f"[{part}]" if isinstance(part, int) else _member(part)
+        path += member.removeprefix(".") if not path else member
     return path
 
 

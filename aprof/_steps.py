@@ -13,6 +13,9 @@ from aprof._errors import ConfigError
 MAX_SELECTED = 100_000
 """Most steps one explicit selection may hold (beyond that, `every: k` is the tool)."""
 
+MAX_INT = 2**63 - 1
+"""Largest integer a config value may hold: a signed 64-bit one, what torch's APIs take."""
+
 # At most 18 digits: int() of a longer digit string can hit Python's int-string limit.
 _ITEM = re.compile(r"([0-9]{1,18})(?:\s*-\s*([0-9]{1,18}))?", re.ASCII)
 _FORMS = "null, a step, a list of steps, a range string like '1-3,5' or {every: k}"
@@ -108,6 +111,9 @@ def _show(value: object) -> str:
         return "true" if value else "false"
     if value is None:
         return "null"
+    if _is_int(value) and abs(value) >= 10**40:
+        # Like long strings, cut short; past 4300 digits Python refuses to print it at all.
+        return "an integer of more than 40 digits"
     if isinstance(value, int | float):
         return repr(value)
     if isinstance(value, str):
@@ -115,18 +121,27 @@ def _show(value: object) -> str:
     return f"a {type(value).__name__}"
 
 
+def _member(name: object) -> str:
+    """`name` as a key-path part: `.name`, or `['a\\nb']` when it would not read as one line."""
+    return f".{name}" if isinstance(name, str) and name.isprintable() else f"[{name!r}]"
+
+
 def _positive(value: object, key: str) -> int:
     if not _is_int(value):
         raise ConfigError(key, f"expected a positive integer, got {_show(value)}")
     if value < 1:
-        raise ConfigError(key, f"must be a positive integer (steps are 1-based), got {value}")
+        raise ConfigError(
+            key, f"must be a positive integer (steps are 1-based), got {_show(value)}"
+        )
+    if value > MAX_INT:
+        raise ConfigError(key, f"must be <= {MAX_INT}, got {_show(value)}")
     return value
 
 
 def _parse_every(value: Mapping[object, object], key: str) -> int:
     for name in value:
         if name != "every":
-            raise ConfigError(f"{key}.{name}", "unknown key; expected 'every'")
+            raise ConfigError(key + _member(name), "unknown key; expected 'every'")
     if "every" not in value:
         raise ConfigError(key, "expected {every: k}, got an empty mapping")
     return _positive(value["every"], f"{key}.every")

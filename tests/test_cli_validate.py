@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
 
-from aprof._config import load_config
+from aprof._config import MAX_CONFIG_BYTES, load_config
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -18,12 +19,12 @@ REPO = Path(__file__).resolve().parent.parent
 def validate(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(
-        [sys.executable, "-m", "aprof.cli", "validate", *args],
+        [sys.executable, "-m", "aprof", "validate", *args],
         cwd=REPO,
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=60,  # a FIFO must not hang the test (it did, before the file checks)
         check=False,
     )
 
@@ -116,3 +117,110 @@ def test_help() -> None:
     proc = validate("--help")
     assert proc.returncode == 0
     assert "--verl" in proc.stdout and "CONFIG" in proc.stdout
+
+
+def alias_bomb() -> str:
+    """A few hundred bytes of YAML: 9 levels, each listing the one above 9 times (9**9 strings)."""
+    lines = ['a: &a ["x","x","x","x","x","x","x","x","x"]']
+    for name, above in zip("bcdefghi", "abcdefgh", strict=True):
+        lines.append(f"{name}: &{name} [" + ",".join([f"*{above}"] * 9) + "]")
+    return "\n".join(lines) + "\n"
+
+
+def in_file(name: str, text: str) -> Callable[[Path], str]:
+    def make(tmp_path: Path) -> str:
+        path = tmp_path / name
+        path.write_text(text)
+        return str(path)
+
+    return make
+
+
+def fifo(tmp_path: Path) -> str:
+    path = tmp_path / "fifo.yaml"
+    os.mkfifo(path)  # nothing ever writes to it
+    return str(path)
+
+
+DIGITS = "9" * 5000
+TOO_DEEP = "nested more than 100 levels deep (the limit of a config)"
+
+
+@pytest.mark.parametrize(
+    ("make", "line"),
+    [
+        pytest.param(
+            in_file("bomb.yaml", alias_bomb()),
+            "bomb.yaml: more than 1000000 values with aliases expanded (the limit of a config)",
+            id="alias-bomb",
+        ),
+        pytest.param(
+            in_file("big.yaml", "#" * (MAX_CONFIG_BYTES + 1)),
+            "big.yaml: larger than 1048576 bytes (the limit of a config file)",
+            id="huge-file",
+        ),
+        pytest.param(
+            lambda _: "/dev/zero",
+            "/dev/zero: not a regular file: a character device",
+            id="dev-zero",
+        ),
+        pytest.param(fifo, "fifo.yaml: not a regular file: a FIFO", id="fifo"),
+        pytest.param(
+            in_file("nul.yaml", 'global_profiler: {save_path: "out/a\\0b"}\n'),
+            "global_profiler.save_path: must not hold a NUL character, got 'out/a\\x00b'",
+            id="nul-in-save-path",
+        ),
+        pytest.param(
+            in_file("long.yaml", f"rollout: {{delay: {DIGITS}}}\n"),
+            "long.yaml: invalid YAML at line 1, column 18: an integer of 5000 digits",
+            id="long-int-yaml",
+        ),
+        pytest.param(
+            in_file("long.json", f'{{"rollout": {{"delay": {DIGITS}}}}}'),
+            "long.json: invalid JSON: an integer of 5000 digits",
+            id="long-int-json",
+        ),
+        pytest.param(
+            in_file("deep.yaml", "a: " + "[" * 100_000 + "]" * 100_000),
+            f"deep.yaml: invalid YAML at line 1, column 103: {TOO_DEEP}",
+            id="deep-yaml",
+        ),
+        pytest.param(
+            in_file("deep.json", '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"),
+            f"deep.json: {TOO_DEEP}",
+            id="deep-json",
+        ),
+        pytest.param(
+            in_file("dup.json", '{"rollout": {"delay": 1, "delay": 2}}'),
+            "dup.json: invalid JSON: key 'delay' given twice in one object",
+            id="duplicate-json-key",
+        ),
+        pytest.param(
+            in_file("aliases.yaml", "a: &x 1\nb: [" + ", ".join(["*x"] * 101) + "]\n"),
+            "aliases.yaml: invalid YAML at line 2, column 405: more than 100 aliases",
+            id="too-many-aliases",
+        ),
+        pytest.param(
+            in_file("stop.yaml", "timeouts: {stop_s: 1.0e+300}\n"),
+            "aprof validate: timeouts.stop_s: must be <= 86400, got 1e+300",
+            id="stop-s-too-long",
+        ),
+        pytest.param(
+            in_file("poll.json", '{"timeouts": {"poll_s": 1e-300}}'),
+            "aprof validate: timeouts.poll_s: must be >= 0.005, got 1e-300",
+            id="poll-s-too-short",
+        ),
+    ],
+)
+def test_hostile_input_gives_one_line(
+    tmp_path: Path, make: Callable[[Path], str], line: str
+) -> None:
+    assert_one_error_line(validate(make(tmp_path)), line)
+
+
+def test_verl_file_is_bounded_too(tmp_path: Path) -> None:
+    path = tmp_path / "bomb.yaml"
+    path.write_text(alias_bomb())
+    assert_one_error_line(
+        validate("--verl", str(path)), f"{path}: more than 1000000 values with aliases expanded"
+    )

@@ -6,17 +6,28 @@ import contextlib
 import copy
 import json
 import math
+import os
 import pickle
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_origin
 
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from aprof._config import ProfilerConfig, RoleConfig, RolloutConfig, load_config
+from aprof._config import (
+    MAX_ALIASES,
+    MAX_CONFIG_BYTES,
+    MAX_DEPTH,
+    MAX_INT_DIGITS,
+    MAX_VALUES,
+    ProfilerConfig,
+    RoleConfig,
+    RolloutConfig,
+    load_config,
+)
 from aprof._errors import ConfigError
 from aprof._steps import StepSelection
 
@@ -258,6 +269,122 @@ def test_timeouts_accept_ints_and_floats() -> None:
     assert cfg.timeouts.connect_s == 1.0 and cfg.timeouts.poll_s == 0.01
 
 
+TIMEOUT_RANGES = [
+    ("connect_s", 0.01, 600),
+    ("start_s", 0.01, 3600),
+    ("stop_s", 0.01, 86400),
+    ("poll_s", 0.005, 60),
+]
+
+
+@pytest.mark.parametrize(("name", "low", "high"), TIMEOUT_RANGES)
+def test_each_timeout_has_a_range(name: str, low: float, high: float) -> None:
+    cfg = load_config({"timeouts": {name: low}})
+    assert getattr(cfg.timeouts, name) == low
+    assert getattr(load_config({"timeouts": {name: high}}).timeouts, name) == high
+    for value, reason in [
+        (low / 2, f"must be >= {low}, got {low / 2!r}"),
+        (1e-300, f"must be >= {low}, got 1e-300"),
+        (high + 1, f"must be <= {high}, got {high + 1!r}"),
+        (1e300, f"must be <= {high}, got 1e+300"),
+    ]:
+        assert str(error_of({"timeouts": {name: value}})) == f"timeouts.{name}: {reason}"
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"limits": {"answer_bytes": 1023}}, "limits.answer_bytes: must be >= 1024, got 1023"),
+        (
+            {"limits": {"answer_bytes": 2**30 + 1}},
+            "limits.answer_bytes: must be <= 1073741824, got 1073741825",
+        ),
+        (
+            {"timeline": {"buffer_events": 10_000_001}},
+            "timeline.buffer_events: must be <= 10000000, got 10000001",
+        ),
+        (
+            {"tool_config": {"nsys": {"finalize_s": 1e300}}},
+            "tool_config.nsys.finalize_s: must be <= 86400, got 1e+300",
+        ),
+        (
+            {"rollout": {"delay": 2**63}},
+            "rollout.delay: must be <= 9223372036854775807, got 9223372036854775808",
+        ),
+        (
+            {"global_profiler": {"max_window_bytes": 10**5000}},
+            "global_profiler.max_window_bytes: must be <= 9223372036854775807, "
+            "got an integer of more than 40 digits",
+        ),
+        (
+            {"global_profiler": {"steps": [1, 2**63]}},
+            "global_profiler.steps[1]: must be <= 9223372036854775807, got 9223372036854775808",
+        ),
+        (
+            {"global_profiler": {"steps": {"every": -(10**5000)}}},
+            "global_profiler.steps.every: must be a positive integer (steps are 1-based), "
+            "got an integer of more than 40 digits",
+        ),
+        (
+            {"roles": {"actor": {"ranks": [2**63]}}},
+            "roles.actor.ranks[0]: must be <= 9223372036854775807, got 9223372036854775808",
+        ),
+    ],
+)
+def test_numbers_have_sane_upper_bounds(data: dict[str, Any], message: str) -> None:
+    assert str(error_of(data)) == message
+
+
+def test_bounds_themselves_are_accepted() -> None:
+    cfg = load_config(
+        {
+            "limits": {"answer_bytes": 1024},
+            "timeline": {"buffer_events": 10_000_000},
+            "rollout": {"delay": 2**63 - 1, "replicas": [2**63 - 1]},
+            "global_profiler": {"steps": [2**63 - 1]},
+        }
+    )
+    assert cfg.limits.answer_bytes == 1024 and cfg.rollout.delay == 2**63 - 1
+    assert load_config(cfg.to_yaml()) == cfg
+    assert load_config({"limits": {"answer_bytes": 2**30}}).limits.answer_bytes == 2**30
+
+
+# --- paths -------------------------------------------------------------------------------------
+
+
+def nested(key: str, value: object) -> dict[str, Any]:
+    """`{"a": {"b": value}}` for the key "a.b"."""
+    data: Any = value
+    for part in reversed(key.split(".")):
+        data = {part: data}
+    return dict(data)
+
+
+@pytest.mark.parametrize("key", ["global_profiler.save_path", "tool_config.nsys.output_dir"])
+def test_paths_no_file_can_have_rejected(key: str) -> None:
+    err = error_of(nested(key, "out/a\0b"))
+    assert str(err) == f"{key}: must not hold a NUL character, got 'out/a\\x00b'"
+    err = error_of(nested(key, "out/\ud800"))  # a lone surrogate (JSON's "\ud800")
+    assert str(err) == f"{key}: '\\ud800' cannot be in a file name here (surrogates not allowed)"
+    load_config(nested(key, "out/ab"))
+
+
+def test_paths_expand_the_home_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = load_config(
+        {"global_profiler": {"save_path": "~/prof"}, "tool_config": {"nsys": {"output_dir": "~"}}}
+    )
+    assert cfg.global_profiler.save_path == tmp_path / "prof"
+    assert cfg.tool_config.nsys.output_dir == tmp_path
+    assert load_config({"global_profiler": {"save_path": "a~/b"}}).global_profiler.save_path == (
+        Path("a~/b")
+    )
+    err = error_of({"global_profiler": {"save_path": "~no-such-user-aprof/prof"}})
+    assert str(err) == (
+        "global_profiler.save_path: cannot find the home folder '~no-such-user-aprof' stands for"
+    )
+
+
 def test_several_errors_counted() -> None:
     err = error_of({"rollout": {"delay": -1, "forward_steps": 0}, "timeouts": {"stop_s": 0}})
     assert err.key == "rollout.delay"
@@ -356,7 +483,7 @@ valid_configs = st.fixed_dictionaries(
             st.fixed_dictionaries({}, optional={"ranks": st.lists(st.integers(0, 7), unique=True)}),
         ),
         "timeouts": st.fixed_dictionaries(
-            {}, optional={"poll_s": st.floats(1e-3, 1e3), "stop_s": st.integers(1, 10_000)}
+            {}, optional={"poll_s": st.floats(0.005, 60), "stop_s": st.integers(1, 10_000)}
         ),
     },
 )
@@ -430,6 +557,311 @@ def test_any_yaml_text_loads_or_raises_config_error(data: dict[Any, Any]) -> Non
 def test_any_text_loads_or_raises_config_error(text: str) -> None:
     with contextlib.suppress(ConfigError):
         load_config("\n" + text)  # the newline makes it YAML text, never a path
+
+
+# --- hostile input: bounded loading, one line per error -----------------------------------------
+
+
+def alias_bomb(levels: int = 9) -> str:
+    """A "billion laughs" YAML: each level lists the level above it 9 times (9**levels values)."""
+    lines = ['a0: &a0 ["x","x","x","x","x","x","x","x","x"]']
+    for i in range(1, levels):
+        lines.append(f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]")
+    return "\n".join(lines) + "\n"
+
+
+def nest(depth: int, mappings: bool = False) -> object:
+    """0 inside `depth` nested lists or single-key mappings, built without recursion."""
+    value: object = 0
+    for _ in range(depth):
+        value = {"a": value} if mappings else [value]
+    return value
+
+
+TOO_DEEP = "nested more than 100 levels deep (the limit of a config)"
+TOO_MANY = "more than 1000000 values with aliases expanded (the limit of a config)"
+
+
+def test_limits() -> None:
+    assert MAX_CONFIG_BYTES == 1024**2
+    assert (MAX_ALIASES, MAX_VALUES, MAX_DEPTH, MAX_INT_DIGITS) == (100, 1_000_000, 100, 100)
+
+
+def test_file_size_is_limited(tmp_path: Path) -> None:
+    path = tmp_path / "big.yaml"
+    path.write_text("# padding\n" * (MAX_CONFIG_BYTES // 10 - 1) + "strict: true\n")
+    size = path.stat().st_size
+    assert size <= MAX_CONFIG_BYTES
+    assert load_config(path).strict is True
+    with path.open("a") as file:
+        file.write("#" * (MAX_CONFIG_BYTES + 1 - size))
+    assert str(error_of(path)) == f"{path}: larger than 1048576 bytes (the limit of a config file)"
+    err = error_of("\n" + "#" * MAX_CONFIG_BYTES)
+    assert str(err) == "YAML text longer than 1048576 characters (the limit of a config)"
+
+
+def test_only_regular_files_are_read(tmp_path: Path) -> None:
+    # A FIFO and /dev/zero are tested through `aprof validate`: before the check they hang or
+    # fill the memory, which a subprocess can be timed out of.
+    assert (
+        str(error_of(Path(os.devnull))) == f"{os.devnull}: not a regular file: a character device"
+    )
+    assert str(error_of(tmp_path)) == f"{tmp_path}: not a regular file: a directory"
+
+
+def test_file_names_that_would_break_the_line_are_quoted(tmp_path: Path) -> None:
+    err = error_of("a\0b.yaml")  # os.open raises ValueError for it
+    assert str(err) == "'a\\x00b.yaml': cannot read: a file name cannot hold a NUL character"
+    path = tmp_path / "a\nb.yaml"
+    path.write_text("rollout: [\n")
+    assert str(error_of(path)).startswith(f"{str(path)!r}: invalid YAML at line 2")
+
+
+def test_yaml_alias_limit(tmp_path: Path) -> None:
+    def roles(aliases: int) -> str:
+        return "roles:\n  actor: &r {ranks: [1]}\n" + "".join(
+            f"  r{i}: *r\n" for i in range(aliases)
+        )
+
+    path = tmp_path / "roles.yaml"
+    path.write_text(roles(MAX_ALIASES))
+    cfg = load_config(path)
+    assert len(cfg.roles) == 101 and cfg.roles["r99"].ranks == [1]
+    path.write_text(roles(MAX_ALIASES + 1))
+    assert str(error_of(path)) == (
+        f"{path}: invalid YAML at line 103, column 9: more than 100 aliases (the limit of a config)"
+    )
+
+
+def test_alias_bomb_stops_at_the_value_limit(tmp_path: Path) -> None:
+    path = tmp_path / "bomb.yaml"
+    path.write_text(alias_bomb())
+    assert path.stat().st_size < 600  # expands to 9**9 = 387,420,489 strings
+    assert str(error_of(path)) == f"{path}: {TOO_MANY}"
+    assert str(error_of(alias_bomb())) == TOO_MANY
+
+
+def test_shared_sub_objects_count_each_time_they_appear() -> None:
+    tree: object = list(range(10))
+    for _ in range(6):
+        tree = [tree] * 10  # 10**7 values in 70 lists
+    assert str(error_of({"zz": tree})) == TOO_MANY
+    role = {"ranks": [0, 1]}
+    cfg = load_config({"roles": {"actor": role, "ref": role}})
+    assert cfg.roles["actor"] == cfg.roles["ref"] == RoleConfig(ranks=[0, 1])
+
+
+def test_nesting_is_limited(tmp_path: Path) -> None:
+    # The top mapping is level 1 and its values level 2: 98 lists put the 0 at level 100.
+    assert error_of({"zz": nest(98)}).reason.startswith("unknown key")
+    for depth in (99, 100_000):
+        assert str(error_of({"zz": nest(depth)})) == TOO_DEEP
+    assert str(error_of({"roles": {"actor": nest(100_000, mappings=True)}})) == TOO_DEEP
+    itself: dict[str, object] = {}
+    itself["zz"] = itself
+    assert str(error_of(itself)) == TOO_DEEP
+
+    assert error_of("zz: " + "[" * 98 + "0" + "]" * 98).reason.startswith("unknown key")
+    for depth in (99, 100_000):
+        err = error_of("zz: " + "[" * depth + "0" + "]" * depth)
+        assert str(err) == f"invalid YAML at line 1, column 104: {TOO_DEEP}"
+    assert str(error_of("zz: &a [*a]")) == TOO_DEEP  # a list holding itself
+
+    path = tmp_path / "deep.json"
+    for depth in (99, 100_000):
+        path.write_text('{"zz": ' + "[" * depth + "0" + "]" * depth + "}")
+        assert str(error_of(path)) == f"{path}: {TOO_DEEP}"
+
+
+def test_long_integers_rejected_while_parsing(tmp_path: Path) -> None:
+    digits = "9" * 5000
+    reason = "an integer of 5000 digits (the limit of a config is 100)"
+    err = error_of(f"rollout: {{delay: {digits}}}\n")
+    assert str(err) == f"invalid YAML at line 1, column 18: {reason}"
+    yaml_file, json_file = tmp_path / "long.yaml", tmp_path / "long.json"
+    yaml_file.write_text(f"rollout:\n  delay: -{digits}\n")
+    assert str(error_of(yaml_file)) == f"{yaml_file}: invalid YAML at line 2, column 10: {reason}"
+    json_file.write_text(f'{{"rollout": {{"delay": -{digits}}}}}')
+    assert str(error_of(json_file)) == f"{json_file}: invalid JSON: {reason}"
+    # 100 digits are read, and the range names the key.
+    json_file.write_text(f'{{"rollout": {{"delay": {"9" * 100}}}}}')
+    assert str(error_of(json_file)) == (
+        "rollout.delay: must be <= 9223372036854775807, got an integer of more than 40 digits"
+    )
+
+
+def test_json_duplicate_key_rejected(tmp_path: Path) -> None:
+    path = tmp_path / "dup.json"
+    path.write_text('{"rollout": {"delay": 1, "forward_steps": 2, "delay": 2}}')
+    assert str(error_of(path)) == f"{path}: invalid JSON: key 'delay' given twice in one object"
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("a: !!int abc", "not a valid int: 'abc'"),
+        ("a: !!int ''", "not a valid int: ''"),
+        ("a: !!float x", "not a valid float: 'x'"),
+        ("a: !!bool x", "not a valid bool: 'x'"),
+        ("a: !!timestamp x", "not a valid timestamp: 'x'"),
+        ("a: 2001-02-30", "not a valid timestamp: '2001-02-30'"),
+        ("a: !!set [1]", "expected a mapping node, but found sequence"),
+    ],
+)
+def test_unreadable_yaml_scalars(text: str, reason: str) -> None:
+    assert str(error_of("\n" + text)) == f"invalid YAML at line 2, column 4: {reason}"
+
+
+def test_keys_that_would_break_the_line_are_quoted() -> None:
+    assert str(error_of({"x\ny": 1})).startswith("['x\\ny']: unknown key")
+    assert str(error_of({"rollout": {"a\u2028b": 1}})).startswith("rollout['a\\u2028b']: unknown")
+    err = error_of({"global_profiler": {"steps": {"a\rb": 1}}})
+    assert str(err) == "global_profiler.steps['a\\rb']: unknown key; expected 'every'"
+
+
+# Arbitrary input, shaped like the real schema at every level.
+
+
+def submodels(annotation: object) -> list[type[BaseModel]]:
+    """The config sections an annotation holds: `X`, `X | None` or `dict[str, X]`."""
+    return [
+        arg
+        for arg in (annotation, *get_args(annotation))
+        if isinstance(arg, type) and issubclass(arg, BaseModel)
+    ]
+
+
+def schema_keys(model: type[BaseModel]) -> set[str]:
+    """Every key name of `model` and of its sections, at any level."""
+    keys = set(model.model_fields)
+    for info in model.model_fields.values():
+        for sub in submodels(info.annotation):
+            keys |= schema_keys(sub)
+    return keys
+
+
+# Past 4300 digits Python refuses to print an int (hypothesis too): built, not listed.
+huge_ints = st.builds(
+    lambda digits, sign: sign * 10**digits, st.integers(4300, 6000), st.sampled_from([1, -1])
+)
+odd_leaves = st.one_of(
+    huge_ints,
+    st.sampled_from(
+        [*SPECIAL_VALUES, 2**63, 2**63 - 1, -(2**63), 1e300, 1e-300, "a\0b", "~/x", "~no-user/y"]
+    ),
+)
+any_keys = st.one_of(
+    st.sampled_from(sorted(schema_keys(ProfilerConfig) | {"profile_continuous_steps", "every"})),
+    st.text(max_size=8),
+    st.integers(-2, 2),
+)
+any_trees = st.recursive(
+    st.one_of(odd_leaves, st.none(), st.booleans(), st.integers(), st.floats(), st.text()),
+    lambda children: st.one_of(
+        st.lists(children, max_size=4), st.dictionaries(any_keys, children, max_size=4)
+    ),
+    max_leaves=20,
+)
+shallow = st.one_of(
+    any_trees,
+    st.builds(lambda tree, n: [tree] * n, any_trees, st.integers(0, 30)),  # shared
+)
+# Where a deeply nested value goes, if anywhere: (key, depth, mappings rather than lists).
+deep_values = st.none() | st.tuples(
+    st.sampled_from(["zz", "global_profiler.steps", "roles.actor", "tool_config.torch.schedule"]),
+    st.integers(90, 3000),
+    st.booleans(),
+)
+
+
+def shaped(model: type[BaseModel]) -> st.SearchStrategy[Any]:
+    """Mappings of `model`'s keys and random ones; a section's value is shaped in turn or not."""
+    fields: dict[str, st.SearchStrategy[object]] = {}
+    for name, info in model.model_fields.items():
+        options = [shallow]
+        for sub in submodels(info.annotation):
+            section = shaped(sub)
+            if get_origin(info.annotation) is dict:  # roles: {name: RoleConfig}
+                section = st.dictionaries(st.sampled_from(["actor", "ref"]) | any_keys, section)
+            options.append(section)
+        fields[name] = st.one_of(*options)
+    return st.builds(
+        lambda known, extra: {**extra, **known},
+        st.fixed_dictionaries({}, optional=fields),
+        st.dictionaries(any_keys, shallow, max_size=2),
+    )
+
+
+def assert_one_line(err: ConfigError) -> None:
+    assert str(err).splitlines() == [str(err)], repr(str(err))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shaped(ProfilerConfig), deep_values)
+def test_any_input_gives_a_config_or_one_line_error(
+    data: dict[Any, Any], deep: tuple[str, int, bool] | None
+) -> None:
+    if deep is not None:
+        key, depth, mappings = deep
+        data = {**data, **nested(key, nest(depth, mappings))}
+    try:
+        cfg = load_config(data)
+    except ConfigError as err:
+        assert_one_line(err)
+    else:
+        assert load_config(cfg.to_yaml()) == cfg
+
+
+class HugeIntDumper(yaml.SafeDumper):
+    """Writes an integer Python refuses to print (over 4300 digits) as 5000 nines."""
+
+
+HugeIntDumper.add_representer(
+    int,
+    lambda dumper, n: dumper.represent_scalar(
+        "tag:yaml.org,2002:int", str(n) if abs(n) < 10**4000 else "9" * 5000
+    ),
+)
+
+
+def json_text(value: object) -> str:
+    """`value` as JSON, integers Python refuses to print written as 5000 nines."""
+    if isinstance(value, dict):
+        items = (f"{json.dumps(str(k))}: {json_text(v)}" for k, v in value.items())
+        return "{" + ", ".join(items) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(json_text(v) for v in value) + "]"
+    if isinstance(value, int) and abs(value) >= 10**4000:
+        return "9" * 5000
+    return json.dumps(value)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    shaped(ProfilerConfig),
+    st.none() | st.integers(90, 3000),
+    st.sampled_from([".yaml", ".json"]),
+)
+def test_any_file_gives_a_config_or_one_line_error(
+    tmp_path_factory: pytest.TempPathFactory,
+    data: dict[Any, Any],
+    depth: int | None,
+    suffix: str,
+) -> None:
+    if suffix == ".json":
+        text = json_text(data)
+        if depth is not None:
+            text = '{"zz": ' + "[" * depth + text + "]" * depth + "}"
+    else:
+        text = yaml.dump(data, Dumper=HugeIntDumper)
+        if depth is not None:
+            text += "zz: " + "[" * depth + "0" + "]" * depth + "\n"
+    path = tmp_path_factory.getbasetemp() / f"fuzz{suffix}"
+    path.write_text(text)
+    try:
+        load_config(path)
+    except ConfigError as err:
+        assert_one_line(err)
 
 
 # --- verl ----------------------------------------------------------------------------------
