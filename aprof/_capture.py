@@ -32,6 +32,9 @@ class Window:
     """The directory this capture writes into; it exists and lies inside ``save_path``."""
     prefix: str
     """A unique, path-safe file-name prefix for this capture."""
+    root: Path | None = None
+    """``save_path``, where ``dir`` lies: a target that writes there itself opens ``dir``
+    from it without following a link below it (``None``: ``dir`` as it is)."""
 
 
 @dataclass(frozen=True, slots=True)

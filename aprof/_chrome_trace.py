@@ -20,6 +20,7 @@ import marshal
 import math
 import os
 import signal
+import stat
 import sys
 import time
 import zlib
@@ -116,6 +117,7 @@ class ChromeTraceWriter:
         self._root = str(root)
         self._folders = path.parent.relative_to(root).parts
         self._lost = 0  # events given up after failed writes
+        self._claimed = False  # the part's name is this writer's (an earlier file moved aside)
         self.written = Written(0, 0, 0)
         """The current part as last written; replaced whole, so another thread reads one
         write's."""
@@ -166,7 +168,7 @@ class ChromeTraceWriter:
         written = self.written
         self.parts = (*self.parts, written)
         self.path = self.path.with_name(part_name(self._process, written.part + 1))
-        self._zip, self._tail = None, 0
+        self._zip, self._tail, self._claimed = None, 0, False
         self.written = Written(0, 0, written.dropped, written.part + 1)
 
     def discard(self) -> None:
@@ -178,27 +180,32 @@ class ChromeTraceWriter:
         the file's size.
 
         A write that fails keeps its events for the next one (up to ``_HELD_BYTES``
-        compressed; beyond, they are given up and reported among the dropped).
+        compressed; beyond, they are given up and reported among the dropped). A file that
+        is no longer as last written (removed, replaced, cut short) is begun again with this
+        write's events; what it held is reported among the dropped.
         """
         self.add([])
         stream, body, fresh = self._stream, self._body, self._count
         self.discard()
-        count = self.written.events + fresh
-        first, size = self._zip is None, self.written.bytes
-        body.append(stream.flush(zlib.Z_SYNC_FLUSH))
-        ending = stream.copy()
-        dropped += self._lost
-        tail = ending.compress(self._foot(count, dropped).encode()) + ending.flush(zlib.Z_FINISH)
+        # A full flush: the next write's events decode on their own, should it begin again.
+        body.append(stream.flush(zlib.Z_FULL_FLUSH))
         name = self.path.name
         try:
             folder = open_folder(self._root, self._folders, create=True)
             try:
-                if first:
+                prefix = None
+                if self._zip is not None:
+                    prefix = _prefix(folder, name, self.written.bytes, self._tail)
+                    if prefix is None:  # replaced over (a folder in the way fails the write)
+                        stream, body = self._begin_again(body)
+                events = fresh if self._zip is None else self.written.events + fresh
+                ending = stream.copy()
+                foot = self._foot(events, dropped + self._lost).encode()
+                tail = ending.compress(foot) + ending.flush(zlib.Z_FINISH)
+                if not self._claimed:  # an earlier run's file of the part's name
                     move_aside(folder, name)
-                    prefix: Iterator[bytes] = iter(())
-                else:
-                    prefix = _prefix(folder, name, size - self._tail)
-                replace_file(folder, name, itertools.chain(prefix, body, (tail,)))
+                    self._claimed = True
+                size: int = replace_file(folder, name, itertools.chain(prefix or (), body, (tail,)))
             finally:
                 os.close(folder)
         except BaseException:
@@ -207,11 +214,18 @@ class ChromeTraceWriter:
             else:
                 self._lost += fresh
             raise
-        self._zip = stream
-        size = size - self._tail + sum(map(len, body)) + len(tail)
-        self._tail = len(tail)
-        self.written = Written(size, count, dropped, self.written.part)
+        self._zip, self._tail = stream, len(tail)
+        self.written = Written(size, events, dropped + self._lost, self.written.part)
         return size
+
+    def _begin_again(self, body: list[bytes]) -> tuple[Any, list[bytes]]:
+        """A fresh stream holding the head and the events compressed in ``body``."""
+        text = zlib.decompressobj(-zlib.MAX_WBITS).decompress(b"".join(body))
+        self._lost += self.written.events
+        self._zip, self._tail = None, 0
+        stream = zlib.compressobj(_LEVEL, zlib.DEFLATED, 31)
+        again = [stream.compress(self._head().encode()), stream.compress(text)]
+        return stream, [*again, stream.flush(zlib.Z_FULL_FLUSH)]
 
     # -- file frame ---------------------------------------------------------------------------
 
@@ -379,17 +393,31 @@ def _scalar(value: object) -> str:
     return _quote(str(value))
 
 
-def _prefix(folder: int, name: str, size: int) -> Iterator[bytes]:
-    """The first ``size`` bytes of ``name`` in ``folder`` (no link followed), in chunks."""
-    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
-    with os.fdopen(fd, "rb") as src:
-        left = size
-        while left > 0:
-            chunk = src.read(min(left, 1 << 20))
-            if not chunk:
-                raise OSError(f"{name} is shorter than the {size} bytes written to it")
-            yield chunk
-            left -= len(chunk)
+def _prefix(folder: int, name: str, size: int, tail: int) -> Iterator[bytes] | None:
+    """The file ``name`` in ``folder`` as last written (``size`` bytes), but its last
+    ``tail`` bytes, in chunks; ``None`` when it is no longer that file (no link followed)."""
+    try:
+        fd = os.open(
+            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder
+        )
+    except OSError:
+        return None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_size != size:
+        os.close(fd)
+        return None
+
+    def chunks() -> Iterator[bytes]:
+        with os.fdopen(fd, "rb") as src:
+            left = size - tail
+            while left > 0:
+                chunk = src.read(min(left, 1 << 20))
+                if not chunk:
+                    raise OSError(f"{name} is shorter than the {size} bytes written to it")
+                yield chunk
+                left -= len(chunk)
+
+    return chunks()
 
 
 # -- the writer process ---------------------------------------------------------------------------

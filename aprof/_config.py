@@ -6,7 +6,6 @@ import difflib
 import json
 import os
 import re
-import stat
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePath
 from types import UnionType
@@ -33,6 +32,7 @@ from pydantic_core import ErrorDetails
 
 from aprof._errors import ConfigError
 from aprof._layout import check_name
+from aprof._safe_files import FileTooLargeError, NotRegularFileError, read_regular
 from aprof._steps import MAX_INT, StepSelection, _is_int, _member, _show
 
 MAX_CONFIG_BYTES = 1024**2
@@ -526,41 +526,19 @@ def read_config_file(path: str | os.PathLike[str]) -> object:
     return _parse_yaml(text, where)
 
 
-_FILE_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
 def _read_bounded(path: Path, where: str) -> bytes:
     """The bytes of a regular file of at most MAX_CONFIG_BYTES; ConfigError naming `where`."""
-    too_large = f"larger than {MAX_CONFIG_BYTES} bytes (the limit of a config file)"
     try:
-        # Non-blocking: opening a FIFO for reading would otherwise wait for a writer forever.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        return read_regular(path, MAX_CONFIG_BYTES)
     except ValueError:  # what os.open raises for a NUL in the name
         raise ConfigError(where, "cannot read: a file name cannot hold a NUL character") from None
+    except FileTooLargeError:
+        reason = f"larger than {MAX_CONFIG_BYTES} bytes (the limit of a config file)"
+        raise ConfigError(where, reason) from None
+    except NotRegularFileError as exc:
+        raise ConfigError(where, str(exc.strerror)) from None
     except OSError as exc:
         raise ConfigError(where, f"cannot read: {exc.strerror or exc}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            kinds = (name for is_kind, name in _FILE_KINDS if is_kind(info.st_mode))
-            raise ConfigError(where, f"not a regular file: {next(kinds, 'unknown')}")
-        if info.st_size > MAX_CONFIG_BYTES:
-            raise ConfigError(where, too_large)
-        with open(fd, "rb", closefd=False) as file:
-            data = file.read(MAX_CONFIG_BYTES + 1)  # the file may have grown since fstat
-    except OSError as exc:
-        raise ConfigError(where, f"cannot read: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ConfigError(where, too_large)
-    return data
 
 
 def _parse_json(text: str, origin: str) -> object:

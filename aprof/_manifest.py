@@ -23,6 +23,8 @@ from pydantic import (
     model_serializer,
 )
 
+from aprof._safe_files import read_regular
+
 if TYPE_CHECKING:
     from aprof._capture import WorkerCapture
 
@@ -35,6 +37,8 @@ _SINGLE_FILE_SCHEMA = "aprof.manifest/1"
 FILENAME = "manifest.json"
 STEPS_FOLDER = "manifest"
 """The folder of the step files, beside ``manifest.json``."""
+_MOST_BYTES = 256 << 20
+"""The largest manifest file read back (a step of a thousand ranks' captures is a few MB)."""
 _STEP_FILE = re.compile(r"step_([1-9][0-9]{0,17})\.json")
 
 WindowState = Literal["running", "done", "failed", "timeout", "skipped"]
@@ -280,10 +284,14 @@ def _step_files(folder: Path) -> list[Path]:
 
 def _read(file: Path) -> dict[str, Any]:
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
+        raw = read_regular(file, _MOST_BYTES)  # never a FIFO's wait or a device's flood
     except OSError as exc:
         raise ManifestError(f"{file}: cannot read: {exc.strerror or exc}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+    except ValueError as exc:  # a NUL in the name
+        raise ManifestError(f"{file}: cannot read: {exc}") from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # JSON or UTF-8
         raise ManifestError(f"{file}: not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ManifestError(f"{file}: expected schema {SCHEMA!r}, found {type(data).__name__!r}")

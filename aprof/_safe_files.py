@@ -16,6 +16,7 @@ import errno
 import os
 import re
 import secrets
+import shutil
 import socket
 import stat
 import time
@@ -31,6 +32,45 @@ _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 class UnsafePathError(OSError):
     """A link, or something that is not a folder, where aprof needs a folder of its own."""
+
+
+class NotRegularFileError(OSError):
+    """A FIFO, a device, a folder or a socket where a file is read."""
+
+
+class FileTooLargeError(OSError):
+    """A file larger than the most a reader takes."""
+
+
+_FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:
+    """The bytes of the regular file ``path`` if it holds at most ``limit``.
+
+    Raises ``NotRegularFileError`` (without waiting: a FIFO is not opened for a writer),
+    ``FileTooLargeError``, other ``OSError`` when it cannot be read, and ``ValueError`` for a
+    name holding a NUL.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = next((name for is_kind, name in _FILE_KINDS if is_kind(info.st_mode)), "?")
+            raise NotRegularFileError(errno.EINVAL, f"not a regular file: {kind}")
+        with open(fd, "rb", closefd=False) as file:
+            data = file.read(limit + 1)  # it may have grown since fstat
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise FileTooLargeError(errno.EFBIG, f"larger than {limit} bytes")
+    return data
 
 
 def open_folder(root: str, parts: Sequence[str], *, create: bool) -> int:
@@ -92,6 +132,59 @@ def vacant(path: os.PathLike[str] | str) -> str:
     if os.path.lexists(path):
         raise FileExistsError(errno.EEXIST, "aprof does not write over what is there", str(path))
     return os.fspath(path)
+
+
+class HeldFolder:
+    """A folder below ``root`` held open for a writer that writes by path (a capture tool).
+
+    ``path`` names the folder through its descriptor (``/proc/self/fd/<fd>``), so a link later
+    swapped in on the way is not followed. :meth:`check`, before each write, makes sure the
+    folder still lies where it was opened; if not, ``path`` is pointed at a spare folder below
+    ``root`` whose content is thrown away. Where there is no ``/proc``, ``path`` is the plain
+    path: a swap is then found, but not kept from being followed.
+    """
+
+    def __init__(self, root: str, parts: Sequence[str]) -> None:
+        self._root, self._parts = root, tuple(parts)
+        self._fd = open_folder(root, self._parts, create=True)
+        self._identity = _identity(self._fd)
+        self._spare: str | None = None
+        proc = f"/proc/self/fd/{self._fd}"
+        self.path = proc if os.path.isdir(proc) else os.path.join(root, *self._parts)
+        """The folder, for a writer that opens files by name."""
+
+    def check(self) -> str | None:
+        """``None`` while the folder lies where it was opened; else why not (from then on,
+        what is written to ``path`` is thrown away at :meth:`close`)."""
+        try:
+            fd = open_folder(self._root, self._parts, create=False)
+            same = _identity(fd) == self._identity
+            os.close(fd)
+            if same:
+                return None
+            why = f"{os.path.join(self._root, *self._parts)} was replaced while capturing"
+        except OSError as exc:
+            why = f"{exc.strerror or exc}"
+        if self._spare is None:
+            self._spare = temp_name("refused")
+            spare = open_folder(self._root, (self._spare,), create=True)
+            os.dup2(spare, self._fd)  # the writer's path now leads there
+            os.close(spare)
+        return why
+
+    def close(self) -> None:
+        """Let go of the folder (and throw the spare folder away); once."""
+        if self._fd < 0:
+            return
+        os.close(self._fd)
+        self._fd = -1
+        if self._spare is not None:
+            shutil.rmtree(os.path.join(self._root, self._spare), ignore_errors=True)
+
+
+def _identity(fd: int) -> tuple[int, int]:
+    info = os.fstat(fd)
+    return info.st_dev, info.st_ino
 
 
 def temp_name(name: str) -> str:

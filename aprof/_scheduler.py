@@ -255,7 +255,8 @@ class Profiler:
                     await self._timeline.aclose()
                     self._timeline_written()
             finally:
-                await self._files.aclose(self.config.timeouts.stop_s)
+                # The run's last word: as long as a window may take to end, a slow disk too.
+                await self._files.aclose(self._bound())
                 self._disk.shutdown(wait=False)
             counts: dict[str, int] = {}
             for record in self._manifest.windows:
@@ -436,6 +437,7 @@ class Profiler:
             forward_steps=forward_steps,
             dir=folder,
             prefix=safe_name(f"{target.name}-step{step}-{self._run_id}"),
+            root=self._layout.root,
         )
         record = WindowRecord(
             step=step,

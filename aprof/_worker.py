@@ -20,6 +20,7 @@ from aprof._capture import CaptureFile, WorkerCapture
 from aprof._config import ConfigSource, ProfilerConfig, ScheduleConfig, load_config
 from aprof._layout import OutputLayout, check_name, safe_name, size_of
 from aprof._logging import logger
+from aprof._safe_files import HeldFolder
 
 if TYPE_CHECKING:
     from aprof.tools import CaptureTool
@@ -45,6 +46,10 @@ class _Open:
     """Why the tool did not start; the tool runs only while this is None."""
     step_error: str | None = None
     """Why advancing the schedule failed (the capture still ends normally)."""
+    folder: HeldFolder | None = None
+    """``dir`` held open for the tool, which writes by name."""
+    moved: str | None = None
+    """Why ``dir`` is no longer where the capture began (its files are not kept)."""
 
 
 class _ProcessSlot:
@@ -73,6 +78,13 @@ class _ProcessSlot:
 
 
 _SLOT = _ProcessSlot()
+
+
+def _release(capture: _Open) -> None:
+    """Free the process's slot and the capture's folder."""
+    _SLOT.release(capture)
+    if capture.folder is not None:
+        capture.folder.close()
 
 
 class WorkerProfiler:
@@ -167,6 +179,7 @@ class WorkerProfiler:
         tool = self._stepping
         if tool is None:
             return
+        self._check_folder(self._open)  # a cycle may be written now
         try:
             tool.step()
         except Exception as exc:  # the schedule stops here; the capture still ends normally
@@ -224,21 +237,22 @@ class WorkerProfiler:
             )
             return
         try:
-            self._layout.make_dir(directory)
+            current.folder = HeldFolder(str(self._layout.root), self._layout.parts(directory))
+            written_to = Path(current.folder.path)
             if self._tool is None:
                 from aprof.tools import make_tool  # imports the tool's framework (torch)
 
                 self._tool = make_tool(self.config)
             schedule = self._schedule
             if schedule is not None and (stage is None or stage in schedule.stages):
-                self._tool.start(directory, stem, scheduled=True)
+                self._tool.start(written_to, stem, scheduled=True)
                 self._stepping = self._tool
             else:
                 # Tools without a schedule need not take the keyword.
-                self._tool.start(directory, stem)
+                self._tool.start(written_to, stem)
         except Exception as exc:
             current.error = f"start failed: {type(exc).__name__}: {exc}"
-            _SLOT.release(current)
+            _release(current)
 
     def _stop(self) -> None:
         current, self._open = self._open, None
@@ -249,13 +263,21 @@ class WorkerProfiler:
         note = None
         error = current.error
         if error is None and self._tool is not None:
+            self._check_folder(current)  # the trace is written now
             try:
                 paths = self._tool.stop()
                 note = self._tool.note
             except Exception as exc:
                 error = f"stop failed: {type(exc).__name__}: {exc}"
+        if current.moved is not None:
+            error, paths = f"{current.moved}: the capture's files were not kept", []
         error = error or current.step_error
-        _SLOT.release(current)
+        held = current.folder.path if current.folder is not None else None
+        if held is not None:  # the tool's names of its files, through the held folder
+            paths = [
+                current.dir / p.relative_to(held) if p.is_relative_to(held) else p for p in paths
+            ]
+        _release(current)
         record = WorkerCapture(
             step=current.step,
             last_step=current.last_step,
@@ -274,6 +296,13 @@ class WorkerProfiler:
         if error is not None:
             logger.warning("aprof capture failed", role=self.role, rank=self.rank, error=error)
         self._write_report(current.dir)
+
+    @staticmethod
+    def _check_folder(current: _Open | None) -> None:
+        """Before the tool writes: its folder still lies where the capture began, else what
+        it writes is thrown away and the capture fails (nothing lands outside save_path)."""
+        if current is not None and current.folder is not None and current.moved is None:
+            current.moved = current.folder.check()
 
     def _write_report(self, directory: Path) -> None:
         records = [

@@ -148,7 +148,13 @@ class VLLMEngine:
             return CaptureResult(auto_stopped=auto_stopped, note=note)
         prefix = vllm_prefix(window.prefix) if self._by_prefix else None
         found = await asyncio.to_thread(
-            relocate, source, window.dir, prefix, self._before, self._started_ns
+            relocate,
+            source,
+            window.dir,
+            prefix,
+            self._before,
+            self._started_ns,
+            root=window.root,
         )
         if found is None:
             note = f"traces stay where vLLM wrote them: {source} is not reachable"

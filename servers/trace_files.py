@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from aprof._safe_files import create_exclusive
+from aprof._safe_files import create_exclusive, open_folder
 
 TRACE_SUFFIXES = (".pt.trace.json.gz", ".pt.trace.json", ".profiler_out.txt")
 """The file names vLLM gives a capture's traces (torch traces and the summary table)."""
@@ -68,14 +68,17 @@ def relocate(
     prefix: str | None,
     before: dict[str, int] | None,
     since_ns: int,
+    *,
+    root: Path | None = None,
 ) -> tuple[list[Path], list[Path]] | None:
     """Move a window's traces from the server's trace folder ``source`` into ``dest``.
 
     The window's traces are those named ``<prefix>_...`` when ``prefix`` is given, else those
     new or rewritten since the :func:`listing` ``before`` and modified after ``since_ns``.
     Nothing is written through a link: a trace that is a link, or whose name is taken in
-    ``dest``, stays where it is, and so does every trace when ``dest`` is a link. Returns
-    (moved, could not be moved), or ``None`` when ``source`` is not reachable.
+    ``dest``, stays where it is, and so does every trace when ``dest``, or a folder between
+    ``root`` (``save_path``, given by ``Window.root``) and it, is a link. Returns (moved,
+    could not be moved), or ``None`` when ``source`` is not reachable.
     """
     now = listing(source)
     if now is None:
@@ -90,9 +93,13 @@ def relocate(
                 chosen.append(name)
         elif earlier.get(name) != mtime and mtime >= since_ns - _MTIME_SLACK_NS:
             chosen.append(name)
-    try:
-        into = os.open(dest, _FOLDER)
-    except OSError:  # a link, or not a folder: nothing is written there
+    try:  # from save_path (``root``) down, so that no link on the way is followed
+        into = (
+            os.open(dest, _FOLDER)
+            if root is None
+            else open_folder(str(root), dest.relative_to(root).parts, create=False)
+        )
+    except (OSError, ValueError):  # a link, not a folder, or not below root: nothing goes there
         return [], [source / name for name in chosen]
     moved: list[Path] = []
     kept: list[Path] = []

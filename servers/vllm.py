@@ -383,7 +383,13 @@ class VLLMServer:
             )
         prefix = vllm_prefix(window.prefix) if version >= _PER_CALL else None
         found = await asyncio.to_thread(
-            relocate, source, window.dir, prefix, capture.before, capture.started_ns
+            relocate,
+            source,
+            window.dir,
+            prefix,
+            capture.before,
+            capture.started_ns,
+            root=window.root,
         )
         if found is None:
             return (), f"traces stay where vLLM wrote them: {source} is not reachable from here"

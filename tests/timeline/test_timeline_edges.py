@@ -115,9 +115,10 @@ async def test_the_manifest_entry_describes_the_file_it_names(make_config: MakeC
             assert on_disk[0].bytes == timeline_file(prof.save_path).stat().st_size
 
 
-def test_a_failed_write_leaves_no_temporary_file(tmp_path: Path) -> None:
-    """A write that fails after its temporary file was opened removes it and leaves the
-    writer's numbers at those of the file as last written."""
+def test_a_file_no_longer_as_written_is_begun_again(tmp_path: Path) -> None:
+    """A timeline file cut short (or removed, or replaced) behind the writer's back cannot be
+    extended: the next write begins it again with that write's events, counts what the old
+    file held as dropped, and leaves no temporary file."""
     folder = tmp_path / "timeline"
     clock = Clock(wall_ns=0, monotonic_ns=0)
     writer = ChromeTraceWriter(
@@ -125,9 +126,11 @@ def test_a_failed_write_leaves_no_temporary_file(tmp_path: Path) -> None:
     )
     writer.add([(SPAN, "a", 0, 1, None, None)])
     writer.write(0)
-    (folder / "p.trace.json.gz").write_bytes(b"")  # shorter than written: the copy fails
+    (folder / "p.trace.json.gz").write_bytes(b"")  # shorter than written
     writer.add([(SPAN, "b", 2, 3, None, None)])
-    with pytest.raises(OSError):
-        writer.write(0)
+    writer.write(0)
+    data = load_trace(folder / "p.trace.json.gz")
+    assert [r.name for r in check_trace(data)] == ["b"]
+    assert (data["aprofStats"]["events"], data["aprofStats"]["dropped_events"]) == (1, 1)
     assert [p.name for p in folder.iterdir()] == ["p.trace.json.gz"]
-    assert writer.written.events == 1
+    assert (writer.written.events, writer.written.dropped) == (1, 1)
