@@ -19,6 +19,13 @@ def tests(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", *session.posargs)
 
 
+@nox.session(python="3.11", default=False)
+def faults(session: nox.Session) -> None:
+    """The fault-injection suite alone (it also runs within `tests`), with its tally table."""
+    session.install(TORCH, "-e", ".[test]")
+    session.run("python", "-m", "pytest", "-m", "faults", "tests/faults", *session.posargs)
+
+
 @nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
     """ruff: lint rules and formatting."""
@@ -40,6 +47,7 @@ def bench(session: nox.Session) -> None:
     session.install("-e", ".[bench]")
     session.run("python", "benchmarks/bench_request.py", *session.posargs)
     session.run("python", "benchmarks/bench_agentloop.py")
+    session.run("python", "benchmarks/bench_long_run.py")
 
 
 @nox.session(python="3.11", default=False)
