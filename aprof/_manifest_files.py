@@ -1,8 +1,8 @@
 """The manifest of a live run as files, written off the event loop.
 
-A change marks its step (or the run) for writing; once per pass of the event loop the marked
-files (``manifest.json``, ``manifest/step_<n>.json``) are serialized (a step holds one window
-per target, so this costs the same at step 10,000 as at step 1) and handed to a writer thread,
+A change marks its step (or the run) for writing; ``WRITE_AFTER_S`` later the marked files
+(``manifest.json``, ``manifest/step_<n>.json``) are serialized (a step holds one window per
+target, so this costs the same at step 10,000 as at step 1) and handed to a writer thread,
 which replaces each file atomically inside ``save_path``. When the disk refuses a write, the
 thread keeps the newest version of every file it could not write (up to ``_WAITING_BYTES``),
 tries again with each new change and every ``RETRY_S``, and reports the trouble once, and once
@@ -27,6 +27,9 @@ from aprof._manifest import FILENAME, STEPS_FOLDER, Manifest, Note, RunFile, Ste
 RETAINED_WINDOWS: Final = 2_000
 """Windows of finished steps kept in the live manifest; older ones are read back from disk
 (``aprof.load_manifest``)."""
+WRITE_AFTER_S: Final = 0.02
+"""Changes made within this long are written together: at most 50 passes a second turn
+changes into files, however many windows change at once."""
 RETRY_S: Final = 2.0
 """How often a file the disk refused is tried again when nothing new comes."""
 _WAITING_BYTES: Final = 256 << 20
@@ -113,7 +116,7 @@ class ManifestFiles:
             self._dirty.add(step)
         if not self._scheduled and self._writer is not None:
             self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._write_marked)
+            asyncio.get_running_loop().call_later(WRITE_AFTER_S, self._write_marked)
 
     # -- writing ------------------------------------------------------------------------------
 

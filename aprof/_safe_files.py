@@ -16,7 +16,6 @@ import errno
 import os
 import re
 import secrets
-import shutil
 import socket
 import stat
 import time
@@ -139,23 +138,22 @@ class HeldFolder:
 
     ``path`` names the folder through its descriptor (``/proc/self/fd/<fd>``), so a link later
     swapped in on the way is not followed. :meth:`check`, before each write, makes sure the
-    folder still lies where it was opened; if not, ``path`` is pointed at a spare folder below
-    ``root`` whose content is thrown away. Where there is no ``/proc``, ``path`` is the plain
-    path: a swap is then found, but not kept from being followed.
+    folder still lies where it was opened; if not, ``path`` leads nowhere from then on (the
+    descriptor is pointed at ``/dev/null``), so what the writer tries fails instead of landing
+    outside ``root``. Where there is no ``/proc``, ``path`` is the plain path: a swap is then
+    found, but not kept from being followed.
     """
 
     def __init__(self, root: str, parts: Sequence[str]) -> None:
         self._root, self._parts = root, tuple(parts)
         self._fd = open_folder(root, self._parts, create=True)
         self._identity = _identity(self._fd)
-        self._spare: str | None = None
         proc = f"/proc/self/fd/{self._fd}"
         self.path = proc if os.path.isdir(proc) else os.path.join(root, *self._parts)
         """The folder, for a writer that opens files by name."""
 
     def check(self) -> str | None:
-        """``None`` while the folder lies where it was opened; else why not (from then on,
-        what is written to ``path`` is thrown away at :meth:`close`)."""
+        """``None`` while the folder lies where it was opened; else why not."""
         try:
             fd = open_folder(self._root, self._parts, create=False)
             same = _identity(fd) == self._identity
@@ -165,21 +163,16 @@ class HeldFolder:
             why = f"{os.path.join(self._root, *self._parts)} was replaced while capturing"
         except OSError as exc:
             why = f"{exc.strerror or exc}"
-        if self._spare is None:
-            self._spare = temp_name("refused")
-            spare = open_folder(self._root, (self._spare,), create=True)
-            os.dup2(spare, self._fd)  # the writer's path now leads there
-            os.close(spare)
+        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        os.dup2(null, self._fd, inheritable=False)  # the writer's path leads nowhere now
+        os.close(null)
         return why
 
     def close(self) -> None:
-        """Let go of the folder (and throw the spare folder away); once."""
-        if self._fd < 0:
-            return
-        os.close(self._fd)
-        self._fd = -1
-        if self._spare is not None:
-            shutil.rmtree(os.path.join(self._root, self._spare), ignore_errors=True)
+        """Let go of the folder; once."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def _identity(fd: int) -> tuple[int, int]:
@@ -245,13 +238,14 @@ def move_aside(folder: int, name: str) -> str | None:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(mtime))
     kept = f"{stem}.{stamp}{dot}{ext}"
     n = 1
-    while _exists(folder, kept):
+    while exists(folder, kept):
         kept, n = f"{stem}.{stamp}-{n}{dot}{ext}", n + 1
     os.rename(name, kept, src_dir_fd=folder, dst_dir_fd=folder)
     return kept
 
 
-def _exists(folder: int, name: str) -> bool:
+def exists(folder: int, name: str) -> bool:
+    """Something (a link too) is at ``name`` in ``folder``."""
     try:
         os.stat(name, dir_fd=folder, follow_symlinks=False)
     except FileNotFoundError:

@@ -302,7 +302,10 @@ class WorkerProfiler:
         """Before the tool writes: its folder still lies where the capture began, else what
         it writes is thrown away and the capture fails (nothing lands outside save_path)."""
         if current is not None and current.folder is not None and current.moved is None:
-            current.moved = current.folder.check()
+            try:
+                current.moved = current.folder.check()
+            except OSError as exc:  # no descriptor left to check with: never into training
+                current.moved = f"{current.dir} could not be checked ({exc.strerror or exc})"
 
     def _write_report(self, directory: Path) -> None:
         records = [

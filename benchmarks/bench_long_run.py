@@ -139,6 +139,7 @@ async def run(steps: int, targets: int, marks: list[int], window: int, save: Pat
                 mark = min(m for m in marks if m >= n)
                 rows[mark].append((took, probe.take(), manifest.take(), collections.take()))
             if n in marks:
+                await prof.flush()  # not timed: the files to measure are on disk
                 report(n, rows[n], save)
     prober.cancel()
     total = time.perf_counter() - began

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from aprof._safe_files import create_exclusive, open_folder
+from aprof._safe_files import create_exclusive, exists, open_folder
 
 TRACE_SUFFIXES = (".pt.trace.json.gz", ".pt.trace.json", ".profiler_out.txt")
 """The file names vLLM gives a capture's traces (torch traces and the summary table)."""
@@ -123,7 +123,7 @@ def _move(source: Path, folder: int, name: str) -> bool:
             return False  # what it points at is not the server's trace
         if stat.S_ISDIR(mode):
             # A rename replaces an empty folder at the destination: look first.
-            if _exists(folder, name):
+            if exists(folder, name):
                 return False
             os.rename(source, name, dst_dir_fd=folder)
         else:
@@ -181,14 +181,6 @@ def _copy(source: Path, folder: int, name: str) -> None:
 
 def _no_follow(path: str, flags: int) -> int:
     return os.open(path, flags | os.O_NOFOLLOW)
-
-
-def _exists(folder: int, name: str) -> bool:
-    try:
-        os.stat(name, dir_fd=folder, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return True
 
 
 def outputs(folder: Path, npu: bool) -> tuple[Path, ...]:

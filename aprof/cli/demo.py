@@ -291,6 +291,7 @@ def _print_table(manifest: Manifest, out: Path) -> None:
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
     print(f"\nmanifest: {out / 'manifest.json'}")
+    print(f"  windows of each step in {out / 'manifest'}/step_<n>.json, all: aprof.load_manifest")
     for timeline in manifest.timeline:
         print(f"timeline: {out / timeline.path}")
     print("open the timeline and any trace file (*.pt.trace.json.gz) in https://ui.perfetto.dev")

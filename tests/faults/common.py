@@ -5,11 +5,15 @@ its starts did."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 import aprof
 from aprof.testing import RecordingTarget
@@ -175,3 +179,19 @@ def check_calls(
         if twice:
             breaches.append(f"{name}: {what} twice: {twice}")
     return breaches
+
+
+def on_another_device(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
+    """Make renames and hard links out of ``folder`` fail as across devices (``EXDEV``),
+    as they do when a server's trace folder is another file system than ``save_path``."""
+
+    def crossing(real: Callable[..., None]) -> Callable[..., None]:
+        def call(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+            if isinstance(src, (str, Path)) and Path(src).is_relative_to(folder):
+                raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), str(src))
+            real(src, dst, *args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(os, "rename", crossing(os.rename))
+    monkeypatch.setattr(os, "link", crossing(os.link))

@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import gzip
 import json
-import os
 import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -38,7 +36,14 @@ import pytest
 from aiohttp import web
 
 import aprof
-from faults.common import check_outside, check_windows, load, same_windows, snapshot
+from faults.common import (
+    check_outside,
+    check_windows,
+    load,
+    on_another_device,
+    same_windows,
+    snapshot,
+)
 from faults.tally import Faults
 from servers import SGLangServer, VLLMServer
 from servers.reference import Faults as ReferenceFaults
@@ -512,22 +517,6 @@ async def test_link_swapped_in_while_capturing(
     inside = [p for p in save.rglob("*") if p.is_symlink() and p != save / where]
     assert not inside, f"links aprof put inside save_path: {inside}"
     faults.assert_nothing_lost()
-
-
-def on_another_device(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
-    """Renames and hard links out of ``folder`` fail as across devices (``EXDEV``): the
-    traces are copied instead."""
-
-    def crossing(real: Callable[..., None]) -> Callable[..., None]:
-        def call(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
-            if isinstance(src, (str, Path)) and Path(src).is_relative_to(folder):
-                raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), str(src))
-            real(src, dst, *args, **kwargs)
-
-        return call
-
-    monkeypatch.setattr(os, "rename", crossing(os.rename))
-    monkeypatch.setattr(os, "link", crossing(os.link))
 
 
 # -- the reference server, with its own fault knobs ---------------------------------------------

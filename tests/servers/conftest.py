@@ -7,9 +7,7 @@ package ``servers`` and shadow the real one.
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,9 +15,12 @@ from typing import Any
 import aiohttp
 import pytest
 import structlog
+from faults.common import on_another_device
 from structlog.testing import capture_logs
 
 from servers.reference import ReferenceConfig, ReferenceServer, serve
+
+__all__ = ["on_another_device"]  # for the tests of this folder
 
 ReferenceFactory = Callable[..., contextlib.AbstractAsyncContextManager[ReferenceServer]]
 Complete = Callable[..., Awaitable[dict[str, Any]]]
@@ -73,19 +74,3 @@ def logs() -> Iterator[list[Any]]:
             yield captured
     finally:
         structlog.configure(**before)
-
-
-def on_another_device(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
-    """Make renames and hard links out of ``folder`` fail as across devices (``EXDEV``),
-    as they do when a server's trace folder is another file system than ``save_path``."""
-
-    def crossing(real: Callable[..., None]) -> Callable[..., None]:
-        def call(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
-            if isinstance(src, (str, Path)) and Path(src).is_relative_to(folder):
-                raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), str(src))
-            real(src, dst, *args, **kwargs)
-
-        return call
-
-    monkeypatch.setattr(os, "rename", crossing(os.rename))
-    monkeypatch.setattr(os, "link", crossing(os.link))

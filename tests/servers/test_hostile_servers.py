@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from adapter_steps import window
 from aiohttp import web
 
 import aprof
@@ -215,7 +216,7 @@ async def test_a_start_cut_off_on_the_way_is_stopped_when_the_target_closes(
     async with asyncio.timeout(60), serve(fake) as server:
         target = adapter(dialect, server.url)
         await target.open(aprof.TimeoutsConfig(**TIMEOUTS))
-        win = _window(tmp_path / "w")
+        win = window(tmp_path / "w")
         starting = asyncio.create_task(target.start(win))
         await fake.hanging.wait()  # the server has the start
         starting.cancel()
@@ -232,7 +233,7 @@ async def test_vllm_before_030_sends_no_stop_when_the_target_closes(tmp_path: Pa
     async with asyncio.timeout(60), serve(fake) as server:
         target = VLLMServer(server.url, replica=0, version="0.29.0")
         await target.open(aprof.TimeoutsConfig(**TIMEOUTS))
-        starting = asyncio.create_task(target.start(_window(tmp_path / "w")))
+        starting = asyncio.create_task(target.start(window(tmp_path / "w")))
         await fake.hanging.wait()
         starting.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -546,16 +547,3 @@ async def test_a_killed_server_leaves_a_failed_window_that_lists_its_traces(
 def _peer(request: web.Request) -> Any:
     assert request.transport is not None
     return request.transport.get_extra_info("peername")
-
-
-def _window(folder: Path) -> aprof.Window:
-    folder.mkdir(parents=True, exist_ok=True)
-    return aprof.Window(
-        step=1,
-        target="replica_0",
-        kind="rollout",
-        delay=0,
-        forward_steps=4,
-        dir=folder,
-        prefix="replica_0-step1-test",
-    )
