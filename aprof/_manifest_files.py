@@ -68,7 +68,7 @@ class ManifestFiles:
         self._layout = layout
         self._steps: dict[int, _Step] = {}
         self._released: set[int] = set()
-        """Steps whose records left memory (their files are on disk, or were dropped)."""
+        """Steps whose records left memory (their files handed to the writer)."""
         self._run_notes: list[Note] = []
         """Notes kept in the run file: of no step, or of a step already released."""
         self._dirty: set[int] = set()
@@ -127,7 +127,9 @@ class ManifestFiles:
         if writer is None:
             return
         for n in sorted(self._dirty):
-            step = self._steps[n]
+            step = self._steps.get(n)
+            if step is None:  # released: its file holds it all
+                continue
             self._before_write(n)
             data = StepFile.model_construct(
                 run_id=self.manifest.run_id, step=n, windows=step.windows, notes=step.notes
@@ -159,10 +161,11 @@ class ManifestFiles:
         m = self.manifest
         held = len(m.windows)
         released: set[int] = set()
+        newest = max(self._steps)  # the step in progress may still get windows
         for n, step in self._steps.items():
             if held <= RETAINED_WINDOWS - RETAINED_WINDOWS // 10:
                 break
-            if not any(w.state == "running" for w in step.windows):
+            if n != newest and not any(w.state == "running" for w in step.windows):
                 released.add(n)
                 held -= len(step.windows)
         for n in released:
