@@ -89,3 +89,29 @@ async def test_the_live_manifest_lets_go_of_finished_steps_on_disk(
     assert all(w.state == "done" for w in manifest.windows)
     [again] = manifest.notes
     assert again.step == 1 and "entered again" in again.text
+
+
+async def test_the_step_in_progress_is_never_let_go(
+    make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Even with room for a single window, the step in progress stays in memory: windows
+    that failed at once are final, yet the step still gets its skipped windows at its end,
+    and its file on disk holds them all."""
+    monkeypatch.setattr(_manifest_files, "RETAINED_WINDOWS", 1)
+    cfg = make_config(
+        global_profiler={"steps": [1, 2, 3]}, rollout={"replicas": "all", "forward_steps": None}
+    )
+    prof = aprof.Profiler(cfg)
+    async with prof:
+        for r in range(4):
+            prof.add_target(RecordingTarget(f"replica_{r}", replica=r, fail_start=True))
+        for n in (1, 2, 3):
+            async with prof.step(n):
+                for r in (0, 1):  # replicas 2 and 3 get no request: skipped at step end
+                    async with prof.request(replica=r):
+                        pass
+                await prof.flush()  # the failed starts are written: a release may run
+    manifest = aprof.load_manifest(prof.save_path)
+    assert [(w.step, w.target, w.state) for w in manifest.windows] == [
+        (n, f"replica_{r}", "failed" if r < 2 else "skipped") for n in (1, 2, 3) for r in range(4)
+    ]
