@@ -117,6 +117,9 @@ class WorkerProfiler:
         self.discrete = role_cfg is not None and role_cfg.discrete
         self.captures: list[WorkerCapture] = []
         """Every capture of this process so far, in order."""
+        self._in_step: dict[int, list[dict[str, Any]]] = {}
+        """The records of ``captures.json`` by step (a step's folder is this role's and
+        rank's): a report costs its own captures, not every capture of the run."""
         self._steps = self.config.global_profiler.steps
         self._continuous = self.config.global_profiler.continuous
         self._layout = OutputLayout(self.config.global_profiler.save_path)
@@ -293,9 +296,10 @@ class WorkerProfiler:
             stopped_ns=time.time_ns(),
         )
         self.captures.append(record)
+        self._in_step.setdefault(current.step, []).append(asdict(record))
         if error is not None:
             logger.warning("aprof capture failed", role=self.role, rank=self.rank, error=error)
-        self._write_report(current.dir)
+        self._write_report(current.dir, self._in_step[current.step])
 
     @staticmethod
     def _check_folder(current: _Open | None) -> None:
@@ -307,12 +311,7 @@ class WorkerProfiler:
             except OSError as exc:  # no descriptor left to check with: never into training
                 current.moved = f"{current.dir} could not be checked ({exc.strerror or exc})"
 
-    def _write_report(self, directory: Path) -> None:
-        records = [
-            asdict(c)
-            for c in self.captures
-            if self._layout.role_dir(c.step, c.role, c.rank) == directory
-        ]
+    def _write_report(self, directory: Path, records: list[dict[str, Any]]) -> None:
         try:
             self._layout.write(directory / CAPTURES_FILE, json.dumps(records, indent=1).encode())
         except OSError as exc:  # the in-memory record still reaches the driver
