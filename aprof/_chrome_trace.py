@@ -1,9 +1,10 @@
 """Timeline tuples as a Chrome trace JSON file (gzip) that Perfetto opens, rewritten whole.
 
-The file is one gzip stream. Each write compresses only the new events (a sync flush keeps the
-compressed prefix byte-aligned), copies the previous file minus its old ending, appends the new
-events and a fresh ending, and renames the result over the file: a reader, or a run killed at
-any moment, sees the last complete file.
+The file is one gzip stream. Each write compresses only the new events (a full flush keeps the
+compressed prefix byte-aligned, and the next write's events decodable on their own), copies the
+previous file minus its old ending, appends the new events and a fresh ending, and renames the
+result over the file: a reader, or a run killed at any moment, sees the last complete file. A
+file that passes ``_PART_BYTES`` is complete; the next write starts the next part.
 
 Concurrent spans are nestable async slices (``b``/``e``) with one ``id2.local`` per span, unique
 in the file: Perfetto puts async slices on one track per (process, name of the slice), so each

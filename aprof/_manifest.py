@@ -236,22 +236,14 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
     file = Path(path)
     if file.is_dir():
         file = file / FILENAME
-    data = _read(file)
-    schema = data.get("schema")
-    if schema == _SINGLE_FILE_SCHEMA:
+    data = _read(file, SCHEMA, _SINGLE_FILE_SCHEMA)
+    if data["schema"] == _SINGLE_FILE_SCHEMA:
         return _validate(Manifest, {**data, "schema": SCHEMA}, file)
-    if schema != SCHEMA:
-        raise ManifestError(f"{file}: expected schema {SCHEMA!r}, found {schema!r}")
     run = _validate(RunFile, data, file)
     windows: list[WindowRecord] = []
     notes = list(run.notes)
     for step_file in _step_files(file.parent / STEPS_FOLDER):
-        step_data = _read(step_file)
-        if step_data.get("schema") != STEP_SCHEMA:
-            raise ManifestError(
-                f"{step_file}: expected schema {STEP_SCHEMA!r}, found {step_data.get('schema')!r}"
-            )
-        step = _validate(StepFile, step_data, step_file)
+        step = _validate(StepFile, _read(step_file, STEP_SCHEMA), step_file)
         if step.run_id == run.run_id:  # others are what an earlier run in this folder left
             windows += step.windows
             notes += step.notes
@@ -282,7 +274,8 @@ def _step_files(folder: Path) -> list[Path]:
     return [file for _, file in sorted(found)]
 
 
-def _read(file: Path) -> dict[str, Any]:
+def _read(file: Path, *schemas: str) -> dict[str, Any]:
+    """The JSON object of ``file``, whose ``schema`` is one of ``schemas``."""
     try:
         raw = read_regular(file, _MOST_BYTES)  # never a FIFO's wait or a device's flood
     except OSError as exc:
@@ -293,8 +286,9 @@ def _read(file: Path) -> dict[str, Any]:
         data = json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError) as exc:  # JSON or UTF-8
         raise ManifestError(f"{file}: not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ManifestError(f"{file}: expected schema {SCHEMA!r}, found {type(data).__name__!r}")
+    if not isinstance(data, dict) or data.get("schema") not in schemas:
+        found = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        raise ManifestError(f"{file}: expected schema {schemas[0]!r}, found {found!r}")
     return data
 
 

@@ -185,13 +185,12 @@ class ManifestFiles:
         given_up, self._writer.given_up = self._writer.given_up, []
         return given_up
 
-    async def flush(self, limit_s: float) -> bool:
+    async def flush(self, limit_s: float) -> None:
         """Write what changed and wait (at most ``limit_s``) until every file handed to the
-        writer is on disk or refused; True if it all got there."""
+        writer is on disk or refused."""
         self._write_marked()
-        if self._writer is None:
-            return True
-        return await asyncio.to_thread(self._writer.wait_idle, limit_s)
+        if self._writer is not None:
+            await asyncio.to_thread(self._writer.wait_idle, limit_s)
 
     async def aclose(self, limit_s: float) -> None:
         """Write what is left and stop the writer thread (waiting at most ``limit_s``)."""
@@ -244,9 +243,9 @@ class _Writer:
                 self.given_up.append("/".join(oldest))
             self._cond.notify_all()
 
-    def wait_idle(self, limit_s: float) -> bool:
+    def wait_idle(self, limit_s: float) -> None:
         """Try what waits now (refused files too) and wait until all of it is on disk, or a
-        write fails, or ``limit_s`` passes; True if everything is on disk."""
+        write fails, or ``limit_s`` passes."""
         with self._cond:
             failures = self._failures
             self._cond.notify_all()  # wakes the thread out of its pause between retries
@@ -254,7 +253,6 @@ class _Writer:
                 lambda: self._failures > failures or (not self._pending and self._busy is None),
                 timeout=limit_s,
             )
-            return not self._pending and self._busy is None
 
     def close(self) -> None:
         """Stop once what is pending has been tried (the thread is a daemon: a disk that

@@ -91,7 +91,6 @@ class Profiler:
             Timeline(
                 capacity=timeline.buffer_events,
                 root=self._layout.root,
-                folder=self._layout.root / "timeline",
                 process=timeline.process or f"driver-{os.getpid()}",
                 clock=self._manifest.clock,
             )

@@ -46,14 +46,11 @@ _BATCH: Final = 2000
 
 
 class Timeline:
-    """The spans of one process, buffered and written to ``<folder>/<process>.trace.json.gz``
-    (and ``<process>.<k>.trace.json.gz`` for the k-th part of a long run)."""
+    """The spans of one process, buffered and written to ``<root>/timeline/<process>.trace.json.gz``
+    (and ``<process>.<k>.trace.json.gz`` for the k-th part of a long run); ``root`` is
+    ``save_path``."""
 
-    def __init__(
-        self, *, capacity: int, root: Path, folder: Path, process: str, clock: Clock
-    ) -> None:
-        """The file goes to ``folder/<process>.trace.json.gz``, below ``root``
-        (``save_path``)."""
+    def __init__(self, *, capacity: int, root: Path, process: str, clock: Clock) -> None:
         self.capacity = capacity
         self.recorder = Recorder(self._hand_over)
         """The events recorded and not handed to the writer yet; spans and requests record
@@ -63,7 +60,7 @@ class Timeline:
         self._handed_until_write(0)
         self.closed = False
         self.process = process
-        self.path = folder / f"{process}.trace.json.gz"
+        self.path = root / "timeline" / part_name(process, 1)
         self._root = root
         self._windows: dict[int, tuple[WindowRecord, list[tuple[str, int]]]] = {}
         self._clock = clock
