@@ -13,13 +13,20 @@ from aprof._capture import (
     Window,
     WorkerCapture,
 )
-from aprof._config import LimitsConfig, ProfilerConfig, TimeoutsConfig, load_config
-from aprof._errors import CaptureError, ConfigError
+from aprof._config import (
+    LimitsConfig,
+    ProfilerConfig,
+    TimeoutsConfig,
+    load_config,
+    read_config_file,
+)
+from aprof._errors import CaptureError, ConfigError, describe
 from aprof._logging import configure_logging
 from aprof._manifest import Manifest, ManifestError, RankCapture, WindowRecord, load_manifest
-from aprof._recorder import Request
 from aprof._scheduler import Profiler
 from aprof._steps import StepSelection
+from aprof._timeline.recorder import Request, timeline_backend
+from aprof._verl import from_verl
 from aprof._worker import WorkerProfiler, staged
 from aprof._worker_group import LocalWorker, WorkerGroup, WorkerHandle
 
@@ -52,7 +59,11 @@ __all__ = [
     "WorkerProfiler",
     "__version__",
     "configure_logging",
+    "describe",
+    "from_verl",
     "load_config",
     "load_manifest",
+    "read_config_file",
     "staged",
+    "timeline_backend",
 ]

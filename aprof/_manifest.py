@@ -170,6 +170,8 @@ class TimelineFile(_Model):
     """Spans, steps and windows written to it."""
     dropped: int
     """Events that did not fit into ``timeline.buffer_events`` and were not recorded."""
+    recorder: Literal["c", "python"] | None = None
+    """Which recorder recorded it (``aprof.timeline_backend()``); absent in older manifests."""
 
 
 class Manifest(_Model):

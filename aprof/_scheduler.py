@@ -30,9 +30,10 @@ from aprof._manifest import (
     WindowRecord,
 )
 from aprof._manifest_files import ManifestFiles
-from aprof._recorder import NULL_SPAN, NullSpan, Request, Span
 from aprof._state_machine import Phase, TargetMachine, WindowRun
-from aprof._timeline import AttrValue, Timeline, now_ns
+from aprof._timeline.events import AttrValue, now_ns
+from aprof._timeline.recorder import BACKEND, NULL_SPAN, Gate, NullSpan, Request, Span
+from aprof._timeline.timeline import Timeline
 
 _FAILED = ("failed", "timeout")
 
@@ -81,9 +82,10 @@ class Profiler:
         self._step_rollout: dict[int, WindowRun] = {}
         self._open_roles: dict[str, WindowRun] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._step: int | None = None
+        self._gate = Gate(self._admit)
+        """What requests read as they enter: the step now open, whether it has rollout
+        windows, and :meth:`_admit`."""
         self._entered: set[int] = set()
-        self._rollout_live = False
         self._status: Literal["new", "open", "closed"] = "new"
         self._log = logger.bind(run_id=self._run_id)
         timeline = self.config.timeline
@@ -116,7 +118,7 @@ class Profiler:
     @property
     def current_step(self) -> int | None:
         """The global step now open, if any."""
-        return self._step
+        return self._gate.step
 
     def add_target(self, target: CaptureTarget) -> None:
         """Register a capture target; raises ``ValueError`` if it breaks the protocol's rules."""
@@ -169,7 +171,7 @@ class Profiler:
 
     def request(self, *, replica: int, request_id: str | None = None) -> Request:
         """The context of one request to ``replica``: gate, count, and report what happened."""
-        return Request(self, self._recorder, replica, request_id)
+        return Request(self._gate, self._recorder, replica, request_id)
 
     def span(self, name: str, **attrs: AttrValue) -> Span | NullSpan:
         """A timeline span named ``name`` (a turn, a tool call), for ``with`` or ``async with``.
@@ -179,7 +181,7 @@ class Profiler:
         """
         if self._recorder is None:
             return NULL_SPAN
-        return Span(self._recorder, name, attrs, self._step)
+        return Span(self._recorder, name, attrs, self._gate.step)
 
     async def flush(self) -> None:
         """Write the manifest and the timeline recorded so far, and wait until both are on
@@ -227,8 +229,8 @@ class Profiler:
             self._status = "closed"
             return
         try:
-            if self._step is not None:
-                self._leave_step_now(self._step, "run_end")
+            if self._gate.step is not None:
+                self._leave_step_now(self._gate.step, "run_end")
             for run in list(self._open_roles.values()):
                 self._close(run, "run_end")
             self._open_roles.clear()
@@ -269,8 +271,8 @@ class Profiler:
             raise RuntimeError("open the profiler first: `async with prof:`")
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"global steps are integers >= 1, got {n!r}")
-        if self._step is not None:
-            raise RuntimeError(f"step {n} entered while step {self._step} is open")
+        if self._gate.step is not None:
+            raise RuntimeError(f"step {n} entered while step {self._gate.step} is open")
         cfg = self.config
         selected = n in cfg.global_profiler.steps
         self._step_began = now_ns()
@@ -280,7 +282,7 @@ class Profiler:
             if not (continues and self._role_selected(machine.target)):
                 self._close(run, "step_end")
                 del self._open_roles[name]
-        self._step = n
+        self._gate.step = n
         if not selected:
             return
         if n in self._entered:
@@ -301,7 +303,7 @@ class Profiler:
                 self._open_roles[name] = opened
                 starting.append(opened)
             if cfg.rollout.enable:
-                self._rollout_live = True
+                self._gate.live = True
                 if cfg.rollout.start == "on_step":
                     for replica in sorted(self._replicas):
                         due = self._rollout_run(replica)
@@ -350,17 +352,17 @@ class Profiler:
         """Close the windows that end with step ``n``; returns its rollout windows and the
         role windows that end with it."""
         cfg = self.config
-        if self._timeline is not None and self._step == n:  # else the close ended it already
+        if self._timeline is not None and self._gate.step == n:  # else the close ended it already
             self._timeline.step(n, n in cfg.global_profiler.steps, self._step_began)
         rollouts = list(self._step_rollout.values())
         for run in rollouts:
             self._close(run, reason)
-        if self._rollout_live:
+        if self._gate.live:
             for replica, machine in self._replicas.items():
                 if replica not in self._step_rollout and cfg.rollout.selects(replica):
                     self._record_skipped(machine, n, f"no request reached replica {replica}")
         self._step_rollout = {}
-        self._rollout_live = False
+        self._gate.live = False
         keep = reason == "step_end" and (n + 1) in cfg.global_profiler.steps
         roles: list[WindowRun] = []
         for name, run in list(self._open_roles.items()):
@@ -369,12 +371,12 @@ class Profiler:
             self._close(run, reason)
             roles.append(run)
             del self._open_roles[name]
-        self._step = None
+        self._gate.step = None
         return rollouts, roles
 
     # -- requests ---------------------------------------------------------------------------
 
-    def _gate(self, req: Request) -> Awaitable[Request] | None:
+    def _admit(self, req: Request) -> Awaitable[Request] | None:
         """Count ``req`` into its replica's window, for a step with rollout windows
         (``Request`` lets it go itself otherwise): ``None`` if it may go now, else what it
         awaits first, the window's start."""
@@ -411,9 +413,9 @@ class Profiler:
         if run is not None:
             return run
         machine = self._replicas.get(replica)
-        if machine is None or self._step is None or not self.config.rollout.selects(replica):
+        if machine is None or self._gate.step is None or not self.config.rollout.selects(replica):
             return None
-        self._step_rollout[replica] = run = self._open_window(machine, self._step)
+        self._step_rollout[replica] = run = self._open_window(machine, self._gate.step)
         return run
 
     # -- windows ----------------------------------------------------------------------------
@@ -619,6 +621,7 @@ class Profiler:
                 bytes=written.bytes,
                 events=written.events,
                 dropped=written.dropped,
+                recorder=BACKEND,
             )
             for path, written in timeline.files()
         ]

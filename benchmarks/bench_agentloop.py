@@ -14,6 +14,10 @@ real program. Besides wall time, each variant's CPU time (this process, the time
 thread included) and the part of it spent in garbage collection are reported per turn: with
 1 s replies the loop idles part of the time, so wall time shows only part of the CPU added.
 
+Every variant runs once per timeline recorder, the C extension and its pure-Python twin, each
+in a child process (``--recorder``, default ``both``; ``backends.py``), reported side by side,
+each against the no-profiler baseline measured in the same child.
+
 Run with ``nox -s bench`` (or ``python benchmarks/bench_agentloop.py``).
 """
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import json
 import logging
 import statistics
 import tempfile
@@ -29,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import backends
 import structlog
 
 import aprof
@@ -139,6 +145,23 @@ async def run(
     return measured
 
 
+def measure(args: argparse.Namespace) -> list[dict[str, list[Measured]]]:
+    """Per ``--reply-s``, every round of each variant, in this process."""
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    per_reply = []
+    for reply_s in args.reply_s:
+        seen: dict[str, list[Measured]] = {variant: [] for variant in VARIANTS}
+        with tempfile.TemporaryDirectory() as out:
+            for i in range(args.rounds):
+                for variant in VARIANTS:
+                    save = Path(out, f"{VARIANTS.index(variant)}-{i}")
+                    seen[variant].append(
+                        asyncio.run(run(variant, save, args.loops, args.turns, args.steps, reply_s))
+                    )
+        per_reply.append(seen)
+    return per_reply
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--loops", type=int, default=10_000)
@@ -152,43 +175,46 @@ def main() -> None:
         default=[0.0, 1.0],
         help="reply latencies to measure: 0 is the CPU-bound worst case, 1 s a short answer",
     )
+    backends.add_arguments(parser)
     args = parser.parse_args()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    results = backends.collect(args.recorder, lambda: measure(args))
+    if args.json:
+        print(json.dumps(results))
+        return
     turns = args.loops * args.turns * args.steps
-    for reply_s in args.reply_s:
-        seen: dict[str, list[Measured]] = {variant: [] for variant in VARIANTS}
-        with tempfile.TemporaryDirectory() as out:
-            for i in range(args.rounds):
-                for variant in VARIANTS:
-                    save = Path(out, f"{VARIANTS.index(variant)}-{i}")
-                    seen[variant].append(
-                        asyncio.run(run(variant, save, args.loops, args.turns, args.steps, reply_s))
-                    )
+    for index, reply_s in enumerate(args.reply_s):
         print(
             f"\n{args.loops} concurrent ToolAgentLoops x {args.turns} turns x {args.steps} "
             f"steps, in-process replies after {reply_s:g} s, {args.rounds} rounds\n"
         )
         print(
-            "| variant | best s | vs off | median s | vs off | per turn (median) "
+            "| variant | recorder | best s | vs off | median s | vs off | per turn (median) "
             "| CPU per turn (median) | of it GC |"
         )
-        print("|---|---:|---:|---:|---:|---:|---:|---:|")
-        off = [m.wall for m in seen[VARIANTS[0]]]
-        best_off, median_off = min(off), statistics.median(off)
-        cpu_off = statistics.median(m.cpu for m in seen[VARIANTS[0]])
-        gc_off = statistics.median(m.gc for m in seen[VARIANTS[0]])
-        for variant, runs in seen.items():
-            walls = [m.wall for m in runs]
-            best, median = min(walls), statistics.median(walls)
-            cpu = statistics.median(m.cpu for m in runs)
-            gc_s = statistics.median(m.gc for m in runs)
-            print(
-                f"| {variant} | {best:.2f} | {best / best_off - 1:+.1%} | {median:.2f} | "
-                f"{median / median_off - 1:+.1%} | {median / turns * 1e6:.1f} µs "
-                f"({(median - median_off) / turns * 1e6:+.1f}) | {cpu / turns * 1e6:.1f} µs "
-                f"({(cpu - cpu_off) / turns * 1e6:+.1f}) | {gc_s / turns * 1e6:.1f} µs "
-                f"({(gc_s - gc_off) / turns * 1e6:+.1f}) |"
-            )
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        # From a child process each Measured comes back as a JSON list.
+        per_backend = {
+            backend: {v: [Measured(*m) for m in runs] for v, runs in per_reply[index].items()}
+            for backend, per_reply in results.items()
+        }
+        for variant in VARIANTS:
+            for backend, seen in per_backend.items():
+                off = [m.wall for m in seen[VARIANTS[0]]]
+                best_off, median_off = min(off), statistics.median(off)
+                cpu_off = statistics.median(m.cpu for m in seen[VARIANTS[0]])
+                gc_off = statistics.median(m.gc for m in seen[VARIANTS[0]])
+                walls = [m.wall for m in seen[variant]]
+                best, median = min(walls), statistics.median(walls)
+                cpu = statistics.median(m.cpu for m in seen[variant])
+                gc_s = statistics.median(m.gc for m in seen[variant])
+                print(
+                    f"| {variant} | {backends.NAMES[backend]} | {best:.2f} | "
+                    f"{best / best_off - 1:+.1%} | {median:.2f} | "
+                    f"{median / median_off - 1:+.1%} | {median / turns * 1e6:.1f} µs "
+                    f"({(median - median_off) / turns * 1e6:+.1f}) | {cpu / turns * 1e6:.1f} µs "
+                    f"({(cpu - cpu_off) / turns * 1e6:+.1f}) | {gc_s / turns * 1e6:.1f} µs "
+                    f"({(gc_s - gc_off) / turns * 1e6:+.1f}) |"
+                )
 
 
 if __name__ == "__main__":

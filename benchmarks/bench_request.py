@@ -13,6 +13,10 @@
    timeline of one such step is written, seen by a task that sleeps 1 ms and measures how late
    it wakes, against the same probe on an idle loop.
 
+Both parts run once per timeline recorder, the C extension and its pure-Python twin, each in a
+child process (``--recorder``, default ``both``; ``backends.py``), and are reported side by
+side; each child measures its own baselines (bare ``async with``, OpenTelemetry, no aprof).
+
 Run with ``nox -s bench`` (or ``python benchmarks/bench_request.py``).
 """
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -28,6 +33,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import backends
 from opentelemetry.sdk.trace import TracerProvider
 
 import aprof
@@ -244,6 +250,13 @@ async def measure_loops(loops: int, turns: int, steps: int, rounds: int) -> dict
     return best
 
 
+def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Both parts' results in this process: ``calls`` (ns per call), ``loops`` (seconds)."""
+    calls = asyncio.run(measure_calls(args.calls, args.rounds))
+    loops = asyncio.run(measure_loops(args.loops, args.turns, args.steps, args.rounds))
+    return {"calls": calls, "loops": loops}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=200_000)
@@ -251,35 +264,52 @@ def main() -> None:
     parser.add_argument("--loops", type=int, default=10_000)
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--steps", type=int, default=3)
+    backends.add_arguments(parser)
     args = parser.parse_args()
+    results = backends.collect(args.recorder, lambda: measure(args))
+    if args.json:
+        print(json.dumps(results))
+        return
+    names = [backends.NAMES[backend] for backend in results]
 
-    best = asyncio.run(measure_calls(args.calls, args.rounds))
-    bare, otel = best["bare `async with`"], best["OpenTelemetry SDK span"]
     print(f"Per call, best of {args.rounds} rounds of {args.calls} calls\n")
-    print("| variant | ns per call | vs bare | OpenTelemetry / this |")
-    print("|---|---:|---:|---:|")
-    for name, ns in best.items():
-        print(f"| {name} | {ns:.0f} | {ns / bare:.2f}x | {otel / ns:.1f}x |")
+    columns = ("ns per call", "vs bare", "OpenTelemetry / this")
+    print("| variant | " + " | ".join(f"{c} ({n})" for n in names for c in columns) + " |")
+    print("|---|" + "---:|" * len(columns) * len(names))
+    for name in next(iter(results.values()))["calls"]:
+        cells = []
+        for result in results.values():
+            best = result["calls"]
+            ns, bare = best[name], best["bare `async with`"]
+            otel = best["OpenTelemetry SDK span"]
+            cells += [f"{ns:.0f}", f"{ns / bare:.2f}x", f"{otel / ns:.1f}x"]
+        print(f"| {name} | " + " | ".join(cells) + " |")
 
-    loops = asyncio.run(measure_loops(args.loops, args.turns, args.steps, args.rounds))
     print(
         f"\n{args.loops} concurrent agent loops x {args.turns} turns x {args.steps} steps, "
         f"best of {args.rounds}\n"
     )
-    print("| variant | wall s | vs no aprof | per turn |")
-    print("|---|---:|---:|---:|")
-    none = loops["no aprof"]
+    columns = ("wall s", "vs no aprof", "per turn")
+    print("| variant | " + " | ".join(f"{c} ({n})" for n in names for c in columns) + " |")
+    print("|---|" + "---:|" * len(columns) * len(names))
     for name in LOOP_VARIANTS:
-        extra_us = (loops[name] - none) / (args.loops * args.turns * args.steps) * 1e6
+        cells = []
+        for result in results.values():
+            loops = result["loops"]
+            wall, none = loops[name], loops["no aprof"]
+            extra_us = (wall - none) / (args.loops * args.turns * args.steps) * 1e6
+            cells += [f"{wall:.3f}", f"{wall / none - 1:+.1%}", f"{extra_us:+.2f} µs"]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+    print()
+    for name, result in zip(names, results.values(), strict=True):
+        loops = result["loops"]
         print(
-            f"| {name} | {loops[name]:.3f} | {loops[name] / none - 1:+.1%} | +{extra_us:.2f} µs |"
+            f"{name} recorder: largest event-loop stall while one step's timeline "
+            f"({2 * args.loops * args.turns} spans) is written: {loops['stall'] * 1e3:.2f} ms "
+            f"in the best round, {loops['stall, worst round'] * 1e3:.2f} ms in the worst "
+            f"(the same probe on an idle loop: {loops['idle'] * 1e3:.2f} ms)"
         )
-    print(
-        f"\nlargest event-loop stall while one step's timeline ({2 * args.loops * args.turns} "
-        f"spans) is written: {loops['stall'] * 1e3:.2f} ms in the best round, "
-        f"{loops['stall, worst round'] * 1e3:.2f} ms in the worst "
-        f"(the same probe on an idle loop: {loops['idle'] * 1e3:.2f} ms)"
-    )
 
 
 if __name__ == "__main__":

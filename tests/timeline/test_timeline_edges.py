@@ -13,8 +13,9 @@ import pytest
 from timeline_rules import check_trace, load_trace, timeline_file
 
 import aprof
-from aprof._chrome_trace import SPAN, ChromeTraceWriter
 from aprof._manifest import Clock
+from aprof._timeline.chrome_trace import ChromeTraceWriter
+from aprof._timeline.events import SPAN
 from aprof.testing import RecordingTarget
 
 MakeConfig = Callable[..., aprof.ProfilerConfig]

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from timeline_rules import Slice, check_trace, load_trace, timeline_file
 
 import aprof
-from aprof import _timeline
+from aprof._timeline import timeline as _timeline
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,10 @@
-"""The C recorder's own contract (``aprof/_recorder.c``): what an event holds after the trip
-through marshal's bytes, room and dropping, spans and requests as context managers, and that
-none of it leaks references or burdens the garbage collector."""
+"""The recorder's contract, for the C extension (``aprof/_timeline/_recorder.c``) and its
+pure-Python twin (``pyrecorder.py``) alike: what an event holds after the trip through
+marshal's bytes, room and dropping, spans and requests as context managers, and that none of it
+leaks references; and, for the C one, that none of it burdens the garbage collector.
+
+Tests that take ``impl`` run once per recorder; those through a ``Profiler`` run the recorder
+this process chose (``aprof.timeline_backend()``), which ``.ci/run`` runs once with each."""
 
 from __future__ import annotations
 
@@ -22,26 +26,58 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import aprof
-from aprof._chrome_trace import REQUEST, SPAN
-from aprof._recorder import NULL_SPAN, NullSpan, Recorder, Request, Span
-from aprof._timeline import OPEN_AT_CLOSE
+from aprof._timeline import pyrecorder
+from aprof._timeline import recorder as chosen
+from aprof._timeline.events import REQUEST, SPAN
+from aprof._timeline.timeline import OPEN_AT_CLOSE
 from aprof.testing import RecordingTarget
 
 MakeConfig = Callable[..., aprof.ProfilerConfig]
+Impl = Any
+"""A recorder module: ``aprof._timeline._recorder`` or ``aprof._timeline.pyrecorder``."""
+
+try:
+    from aprof._timeline import _recorder as c_recorder
+except ImportError:  # installed without the C extension
+    c_recorder = None
+
+both = pytest.mark.parametrize(
+    "impl",
+    [
+        pytest.param(
+            c_recorder,
+            id="c",
+            marks=pytest.mark.skipif(c_recorder is None, reason="the C recorder is not built"),
+        ),
+        pytest.param(pyrecorder, id="python"),
+    ],
+)
+"""Run the test once with each recorder."""
 
 
 def _no_room_expected() -> None:
     raise AssertionError("on_full was called")
 
 
-def recorder(room: int = 10_000) -> Recorder:
+def recorder(impl: Impl, room: int = 10_000) -> Any:
     """A recorder with room for ``room`` events that fails the test if it fills up."""
-    rec = Recorder(_no_room_expected)
+    rec = impl.Recorder(_no_room_expected)
     rec.room = room
     return rec
 
 
-def taken(rec: Recorder) -> list[Any]:
+def gate(impl: Impl, step: int | None = None) -> Any:
+    """A gate of ``impl`` at ``step`` whose step has no rollout windows (nothing is admitted)."""
+    made = impl.Gate(_nothing_admitted)
+    made.step = step
+    return made
+
+
+def _nothing_admitted(request: object) -> None:
+    raise AssertionError("admit was called")
+
+
+def taken(rec: Any) -> list[Any]:
     """The recorder's events, read back the way the writer process reads them."""
     events = marshal.loads(rec.take())
     assert isinstance(events, list)
@@ -140,6 +176,7 @@ DEEPEST = _nested(7, ("at depth 7", 1.5))
 """An event whose innermost tuple is at depth 7, the deepest written as a tuple."""
 
 
+@both
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batch=st.lists(events, min_size=1, max_size=3))
 @example(batch=[tuple(EDGE_INTS)])
@@ -147,10 +184,12 @@ DEEPEST = _nested(7, ("at depth 7", 1.5))
 @example(batch=[("\udcff", "a" * 300, "ü" * 300, "", "\U0001f600")])
 @example(batch=[BIG_TUPLE, (BIG_TUPLE, ((BIG_TUPLE,),))])
 @example(batch=[DEEPEST])
-def test_events_of_plain_values_come_back_equal_and_in_order(batch: list[tuple[Any, ...]]) -> None:
+def test_events_of_plain_values_come_back_equal_and_in_order(
+    impl: Impl, batch: list[tuple[Any, ...]]
+) -> None:
     """None, bools, ints of any size, floats (nan, inf, -0.0), any str (lone surrogates too)
     and tuples of them (more than 255 items too) come back as recorded, in order."""
-    rec = recorder()
+    rec = recorder(impl)
     for event in batch:
         rec.add(event)
     assert rec.count == len(batch)
@@ -158,14 +197,15 @@ def test_events_of_plain_values_come_back_equal_and_in_order(batch: list[tuple[A
     assert same(tuple(back), tuple(batch)), (back, batch)
 
 
+@both
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=values, attrs=st.dictionaries(texts, values, max_size=4), step=st.none() | ints)
 def test_a_span_of_plain_values_comes_back_with_its_attrs_flat(
-    name: Any, attrs: dict[str, Any], step: int | None
+    impl: Impl, name: Any, attrs: dict[str, Any], step: int | None
 ) -> None:
     """``(SPAN, name, begin, end, step, note, *keys, *values)``, the attrs in their order."""
-    rec = recorder()
-    with Span(rec, name, attrs, step):
+    rec = recorder(impl)
+    with impl.Span(rec, name, attrs, step):
         pass
     [(kind, back_name, _, _, back_step, note, *rest)] = taken(rec)
     assert same(
@@ -174,7 +214,8 @@ def test_a_span_of_plain_values_comes_back_with_its_attrs_flat(
     )
 
 
-def test_values_of_other_types_come_back_as_their_str() -> None:
+@both
+def test_values_of_other_types_come_back_as_their_str(impl: Impl) -> None:
     """A list, a dict, a set, a Path, bytes, a Decimal, a complex, any object: its str()."""
 
     class Named:
@@ -192,18 +233,19 @@ def test_values_of_other_types_come_back_as_their_str() -> None:
         Named(),
         object,
     ]
-    rec = recorder()
+    rec = recorder(impl)
     rec.add(tuple(others))
     rec.add(((others[0], (others[3],)),))  # inside nested tuples as well
     assert taken(rec) == [tuple(str(v) for v in others), ((str(others[0]), (str(others[3]),)),)]
 
 
-def test_tuples_nested_deeper_than_the_limit_come_back_as_their_str() -> None:
+@both
+def test_tuples_nested_deeper_than_the_limit_come_back_as_their_str(impl: Impl) -> None:
     """The tuple at depth 8 (the event is depth 0) is written as its str(), not followed."""
     inner = (1,)
-    rec = recorder()
+    rec = recorder(impl)
     rec.add(_nested(8, inner))
-    with Span(rec, "span", {"k": _nested(7, inner)}, None):  # a span's values are at depth 1
+    with impl.Span(rec, "span", {"k": _nested(7, inner)}, None):  # a span's values are at depth 1
         pass
     added, span = taken(rec)
     assert added == _nested(7, (str(inner),))
@@ -232,10 +274,11 @@ class Real(float):
 Pair = namedtuple("Pair", "left right")
 
 
-def test_subclasses_of_plain_types_come_back_as_their_base_value() -> None:
+@both
+def test_subclasses_of_plain_types_come_back_as_their_base_value(impl: Impl) -> None:
     """A str, int, float or tuple subclass is written as its value, of the base type (its own
     ``__str__`` is not used)."""
-    rec = recorder()
+    rec = recorder(impl)
     rec.add(
         (
             Text("ü text"),
@@ -248,8 +291,10 @@ def test_subclasses_of_plain_types_come_back_as_their_base_value() -> None:
             Pair(1, Pair("a", None)),
         )
     )
-    [back] = taken(rec)
+    rec.add(Pair("event", "itself"))
+    back, pair = taken(rec)
     assert same(back, ("ü text", "ascii", 7, -(2**70), 2**70, -0.5, 1, (1, ("a", None))))
+    assert same(pair, ("event", "itself"))
 
 
 class Unprintable:
@@ -262,11 +307,12 @@ class WrongStr:
         return 5  # type: ignore[return-value]  # str() raises TypeError for it
 
 
-def test_a_value_whose_str_fails_comes_back_as_unprintable_and_its_type() -> None:
+@both
+def test_a_value_whose_str_fails_comes_back_as_unprintable_and_its_type(impl: Impl) -> None:
     """A failing str() does not break the code being recorded: the type name stands in."""
-    rec = recorder()
+    rec = recorder(impl)
     rec.add((Unprintable(), "kept", (WrongStr(),)))
-    with Span(rec, "span", {"bad": Unprintable()}, None):
+    with impl.Span(rec, "span", {"bad": Unprintable()}, None):
         pass
     add, span = taken(rec)
     assert add == ("<unprintable Unprintable>", "kept", ("<unprintable WrongStr>",))
@@ -276,25 +322,26 @@ def test_a_value_whose_str_fails_comes_back_as_unprintable_and_its_type() -> Non
 class RecordsWhenShown:
     """A value whose str() records a span into the same recorder, or takes its events."""
 
-    def __init__(self, rec: Recorder, take: bool = False) -> None:
-        self.rec, self.take = rec, take
+    def __init__(self, impl: Impl, rec: Any, take: bool = False) -> None:
+        self.impl, self.rec, self.take = impl, rec, take
         self.taken: list[Any] = []
 
     def __str__(self) -> str:
         if self.take:
             self.taken = marshal.loads(self.rec.take())
         else:
-            with Span(self.rec, "inner", {}, None):
+            with self.impl.Span(self.rec, "inner", {}, None):
                 pass
         return "shown"
 
 
-def test_a_str_that_records_or_takes_leaves_every_event_whole() -> None:
+@both
+def test_a_str_that_records_or_takes_leaves_every_event_whole(impl: Impl) -> None:
     """str() runs before the event is written: what it records comes first, whole, and a
     take() inside it gets the events before, not half of this one."""
-    rec = recorder()
-    rec.add(("outer", RecordsWhenShown(rec), "end"))
-    with Span(rec, "span", {"value": RecordsWhenShown(rec)}, None):
+    rec = recorder(impl)
+    rec.add(("outer", RecordsWhenShown(impl, rec), "end"))
+    with impl.Span(rec, "span", {"value": RecordsWhenShown(impl, rec)}, None):
         pass
     inner, outer, inner_too, span = taken(rec)
     assert inner[:2] == inner_too[:2] == (SPAN, "inner")
@@ -302,7 +349,7 @@ def test_a_str_that_records_or_takes_leaves_every_event_whole() -> None:
     assert span[1] == "span" and span[-2:] == ("value", "shown")
 
     rec.add(("first",))
-    taking = RecordsWhenShown(rec, take=True)
+    taking = RecordsWhenShown(impl, rec, take=True)
     rec.add(("second", taking))
     assert taking.taken == [("first",)]
     assert taken(rec) == [("second", "shown")]
@@ -316,17 +363,19 @@ class SaysNotNegative(int):
         raise AssertionError("the recorder negated the subclass")
 
 
-def test_an_int_subclass_beyond_64_bits_is_written_as_its_value() -> None:
+@both
+def test_an_int_subclass_beyond_64_bits_is_written_as_its_value(impl: Impl) -> None:
     """The sign and digits of a big int come from the exact int, not the subclass's own
     operators (one that lied about its sign once made the recorder loop forever)."""
-    rec = recorder()
+    rec = recorder(impl)
     rec.add((SaysNotNegative(-(2**70) - 5), SaysNotNegative(2**80)))
     assert taken(rec) == [(-(2**70) - 5, 2**80)]
 
 
+@both
 @pytest.mark.parametrize("event", [[1, 2], None, "event", 3, {"a": 1}])
-def test_add_of_anything_but_a_tuple_raises_type_error(event: object) -> None:
-    rec = recorder()
+def test_add_of_anything_but_a_tuple_raises_type_error(impl: Impl, event: object) -> None:
+    rec = recorder(impl)
     with pytest.raises(TypeError, match=f"an event is a tuple, not {type(event).__name__}"):
         rec.add(event)  # type: ignore[arg-type]
     assert (rec.count, rec.dropped, taken(rec)) == (0, 0, [])
@@ -335,16 +384,17 @@ def test_add_of_anything_but_a_tuple_raises_type_error(event: object) -> None:
 # -- 2. room and dropping ------------------------------------------------------------------
 
 
-def test_an_event_past_the_room_calls_on_full_once_and_is_dropped_and_counted() -> None:
+@both
+def test_an_event_past_the_room_calls_on_full_once_and_is_dropped_and_counted(impl: Impl) -> None:
     calls: list[int] = []
-    rec = Recorder(lambda: calls.append(rec.count))
+    rec = impl.Recorder(lambda: calls.append(rec.count))
     rec.room = 2
     rec.add(("a",))
     rec.add(("b",))
     assert calls == []
     rec.add(("c",))
     assert (calls, rec.count, rec.dropped) == ([2], 2, 1)
-    with Span(rec, "no room", {}, None) as span:
+    with impl.Span(rec, "no room", {}, None) as span:
         pass
     assert (calls, rec.count, rec.dropped) == ([2, 2], 2, 2)
     assert span not in rec.open
@@ -352,26 +402,30 @@ def test_an_event_past_the_room_calls_on_full_once_and_is_dropped_and_counted() 
     assert rec.dropped == 2  # over the recorder's life: a take does not reset it
 
 
-def test_an_on_full_that_takes_the_events_and_raises_the_room_makes_the_event_fit() -> None:
+@both
+def test_an_on_full_that_takes_the_events_and_raises_the_room_makes_the_event_fit(
+    impl: Impl,
+) -> None:
     handed: list[list[Any]] = []
 
     def hand_over() -> None:
         handed.append(taken(rec))
         rec.room = 3
 
-    rec = Recorder(hand_over)
+    rec = impl.Recorder(hand_over)
     rec.room = 2
     for name in "abcd":
         rec.add((name,))
-    with Span(rec, "e", {}, None):
+    with impl.Span(rec, "e", {}, None):
         pass
     assert handed == [[("a",), ("b",)]]
     assert (rec.count, rec.dropped) == (3, 0)
     assert [event[:2] for event in taken(rec)] == [("c",), ("d",), (SPAN, "e")]
 
 
-def test_take_empties_the_recorder() -> None:
-    rec = recorder()
+@both
+def test_take_empties_the_recorder(impl: Impl) -> None:
+    rec = recorder(impl)
     rec.add((1,))
     rec.add((2,))
     assert taken(rec) == [(1,), (2,)]
@@ -389,8 +443,9 @@ def _raise_full() -> None:
     raise Full("no room")
 
 
-def test_an_on_full_that_raises_propagates_out_of_add() -> None:
-    rec = Recorder(_raise_full)
+@both
+def test_an_on_full_that_raises_propagates_out_of_add(impl: Impl) -> None:
+    rec = impl.Recorder(_raise_full)
     rec.room = 1
     rec.add(("kept",))
     with pytest.raises(Full, match="no room"):
@@ -398,14 +453,15 @@ def test_an_on_full_that_raises_propagates_out_of_add() -> None:
     assert (rec.count, rec.dropped, taken(rec)) == (1, 0, [("kept",)])
 
 
-async def test_an_on_full_that_raises_propagates_out_of_a_span_exit() -> None:
+@both
+async def test_an_on_full_that_raises_propagates_out_of_a_span_exit(impl: Impl) -> None:
     """From ``__exit__`` and ``__aexit__`` alike; the span is not left open."""
-    rec = Recorder(_raise_full)
+    rec = impl.Recorder(_raise_full)
     rec.room = 0
-    span = Span(rec, "sync", {}, None)
+    span = impl.Span(rec, "sync", {}, None)
     with pytest.raises(Full), span:
         pass
-    aspan = Span(rec, "async", {}, None)
+    aspan = impl.Span(rec, "async", {}, None)
     with pytest.raises(Full):
         async with aspan:
             pass
@@ -416,11 +472,12 @@ async def test_an_on_full_that_raises_propagates_out_of_a_span_exit() -> None:
 # -- 3. spans ------------------------------------------------------------------------------
 
 
-def test_a_span_records_its_name_times_step_and_attrs_on_the_monotonic_clock() -> None:
-    rec = recorder()
+@both
+def test_a_span_records_its_name_times_step_and_attrs_on_the_monotonic_clock(impl: Impl) -> None:
+    rec = recorder(impl)
     before = time.monotonic_ns()
-    with Span(rec, "turn", {"a": 1, "b": "x"}, 3) as span:
-        assert isinstance(span, Span)
+    with impl.Span(rec, "turn", {"a": 1, "b": "x"}, 3) as span:
+        assert isinstance(span, impl.Span)
         assert span in rec.open
         inside = time.monotonic_ns()
     after = time.monotonic_ns()
@@ -430,17 +487,18 @@ def test_a_span_records_its_name_times_step_and_attrs_on_the_monotonic_clock() -
     assert before <= begin <= inside <= end <= after
 
 
-async def test_async_with_span_records_the_same_and_aenter_awaits_to_the_span() -> None:
-    rec = recorder()
+@both
+async def test_async_with_span_records_the_same_and_aenter_awaits_to_the_span(impl: Impl) -> None:
+    rec = recorder(impl)
     before = time.monotonic_ns()
-    async with Span(rec, "turn", {"a": 1, "b": "x"}, 3) as span:
+    async with impl.Span(rec, "turn", {"a": 1, "b": "x"}, 3) as span:
         assert span in rec.open
     after = time.monotonic_ns()
     assert span not in rec.open
     [(kind, name, begin, end, step, note, *rest)] = taken(rec)
     assert (kind, name, step, note, rest) == (SPAN, "turn", 3, None, ["a", "b", 1, "x"])
     assert before <= begin <= end <= after
-    other = Span(rec, "awaited", {}, None)
+    other = impl.Span(rec, "awaited", {}, None)
     assert await other.__aenter__() is other
     assert await other.__aexit__(None, None, None) is None
     assert [e[:2] for e in taken(rec)] == [(SPAN, "awaited")]
@@ -450,15 +508,17 @@ class Planned(Exception):
     """Raised by a test's span body."""
 
 
+@both
 @pytest.mark.parametrize("error", [Planned, KeyError, KeyboardInterrupt])
 async def test_an_exception_in_the_body_is_the_note_and_is_not_swallowed(
+    impl: Impl,
     error: type[BaseException],
 ) -> None:
-    rec = recorder()
-    with pytest.raises(error), Span(rec, "sync", {}, None):
+    rec = recorder(impl)
+    with pytest.raises(error), impl.Span(rec, "sync", {}, None):
         raise error("body failed")
     with pytest.raises(error):
-        async with Span(rec, "async", {}, None):
+        async with impl.Span(rec, "async", {}, None):
             raise error("body failed")
     assert [(e[1], e[5]) for e in taken(rec)] == [
         ("sync", error.__name__),
@@ -467,11 +527,12 @@ async def test_an_exception_in_the_body_is_the_note_and_is_not_swallowed(
     assert rec.open == set()
 
 
-def test_a_span_ended_at_close_is_recorded_once() -> None:
+@both
+def test_a_span_ended_at_close_is_recorded_once(impl: Impl) -> None:
     """``_end`` records the span with the given end and note; its own exit later adds
     nothing, nor does a second ``_end``."""
-    rec = recorder()
-    span = Span(rec, "left open", {"k": "v"}, 2)
+    rec = recorder(impl)
+    span = impl.Span(rec, "left open", {"k": "v"}, 2)
     span.__enter__()
     span._end(2**40, OPEN_AT_CLOSE)
     assert span not in rec.open
@@ -489,19 +550,21 @@ def test_a_span_ended_at_close_is_recorded_once() -> None:
     assert begin > 0
 
 
-def test_a_span_ended_before_it_began_records_nothing() -> None:
-    rec = recorder()
-    span = Span(rec, "never entered", {}, None)
+@both
+def test_a_span_ended_before_it_began_records_nothing(impl: Impl) -> None:
+    rec = recorder(impl)
+    span = impl.Span(rec, "never entered", {}, None)
     span._end(1, OPEN_AT_CLOSE)
     span.__exit__(None, None, None)
     assert taken(rec) == []
 
 
-def test_the_awaitables_complete_through_the_iterator_protocol() -> None:
+@both
+def test_the_awaitables_complete_through_the_iterator_protocol(impl: Impl) -> None:
     """The path ``await`` takes while a trace function is set: ``next`` raises StopIteration
     carrying the result at once."""
-    rec = recorder()
-    span = Span(rec, "iterated", {}, None)
+    rec = recorder(impl)
+    span = impl.Span(rec, "iterated", {}, None)
     entering = span.__aenter__().__await__()  # type: ignore[attr-defined]
     with pytest.raises(StopIteration) as entered:
         next(entering)
@@ -518,17 +581,20 @@ def _tracer(frame: FrameType, event: str, arg: object) -> None:
     return None
 
 
+@both
 @pytest.mark.parametrize("traced", [False, True], ids=["untraced", "traced"])
-def test_async_with_a_span_never_suspends_with_or_without_a_trace_function(traced: bool) -> None:
+def test_async_with_a_span_never_suspends_with_or_without_a_trace_function(
+    impl: Impl, traced: bool
+) -> None:
     """Driven by hand, the coroutine finishes on its first send: nothing in it waits."""
-    rec = recorder()
+    rec = recorder(impl)
 
-    async def body() -> Span:
-        async with Span(rec, "inner", {}, None) as inner:
+    async def body() -> Any:
+        async with impl.Span(rec, "inner", {}, None) as inner:
             assert inner in rec.open
-        async with Span(rec, "outer", {"n": 1}, None) as span:
+        async with impl.Span(rec, "outer", {"n": 1}, None) as span:
             with pytest.raises(Planned):
-                async with Span(rec, "failing", {}, None):
+                async with impl.Span(rec, "failing", {}, None):
                     raise Planned
         return span
 
@@ -541,7 +607,7 @@ def test_async_with_a_span_never_suspends_with_or_without_a_trace_function(trace
             coro.send(None)
     finally:
         sys.settrace(old)
-    assert isinstance(done.value.value, Span)
+    assert isinstance(done.value.value, impl.Span)
     assert [(e[1], e[5]) for e in taken(rec)] == [
         ("inner", None),
         ("failing", "Planned"),
@@ -550,22 +616,20 @@ def test_async_with_a_span_never_suspends_with_or_without_a_trace_function(trace
     assert rec.open == set()
 
 
-async def test_span_and_request_under_a_trace_function_in_a_running_loop(
-    make_config: MakeConfig,
-) -> None:
-    async with aprof.Profiler(make_config()) as prof:
-        rec = recorder()
-        old = sys.gettrace()
-        sys.settrace(_tracer)
-        try:
-            async with (
-                Span(rec, "traced", {}, None) as span,
-                Request(prof, rec, 0, "traced") as req,
-            ):
-                req.forward(4)
-        finally:
-            sys.settrace(old)
-    assert isinstance(span, Span) and isinstance(req, Request)
+@both
+async def test_span_and_request_under_a_trace_function_in_a_running_loop(impl: Impl) -> None:
+    rec = recorder(impl)
+    old = sys.gettrace()
+    sys.settrace(_tracer)
+    try:
+        async with (
+            impl.Span(rec, "traced", {}, None) as span,
+            impl.Request(gate(impl), rec, 0, "traced") as req,
+        ):
+            req.forward(4)
+    finally:
+        sys.settrace(old)
+    assert isinstance(span, impl.Span) and isinstance(req, impl.Request)
     request, recorded_span = taken(rec)
     assert (request[0], request[4], request[8]) == (REQUEST, "traced", 4)
     assert recorded_span[:2] == (SPAN, "traced")
@@ -574,18 +638,21 @@ async def test_span_and_request_under_a_trace_function_in_a_running_loop(
 # -- 4. the garbage collector and references -----------------------------------------------
 
 
+@pytest.mark.skipif(aprof.timeline_backend() != "c", reason="the C recorder's property")
 async def test_spans_and_requests_are_not_tracked_by_the_gc_and_the_recorder_is(
     make_config: MakeConfig,
 ) -> None:
+    """The C types only: the twin's spans and requests are ordinary objects."""
+    impl = c_recorder
+    rec = recorder(impl)
+    span = impl.Span(rec, "s", {"a": [1]}, None)
+    req = impl.Request(gate(impl), rec, 0, "r")
+    assert not gc.is_tracked(span)
+    assert not gc.is_tracked(req)
+    assert gc.is_tracked(rec)
+    async with req, span:
+        assert not gc.is_tracked(span) and not gc.is_tracked(req)
     async with aprof.Profiler(make_config()) as prof:
-        rec = recorder()
-        span = Span(rec, "s", {"a": [1]}, None)
-        req = Request(prof, rec, 0, "r")
-        assert not gc.is_tracked(span)
-        assert not gc.is_tracked(req)
-        assert gc.is_tracked(rec)
-        async with req, span:
-            assert not gc.is_tracked(span) and not gc.is_tracked(req)
         assert not gc.is_tracked(prof.request(replica=0))
         assert not gc.is_tracked(prof.span("s"))
 
@@ -595,21 +662,23 @@ def _fresh(*parts: str) -> str:
     return "".join(parts)
 
 
-def test_a_span_copies_its_attrs_and_holds_no_dict() -> None:
+@both
+def test_a_span_copies_its_attrs_and_holds_no_dict(impl: Impl) -> None:
     """An open span holds its attrs' keys and values, not the caller's dict: a dict kept per
     open span made full garbage collections of many waiting agent loops longer."""
-    rec = recorder()
+    rec = recorder(impl)
     attrs: dict[str, Any] = {"trajectory": _fresh("s", "1"), "turn": 1}
     before = sys.getrefcount(attrs)
-    with Span(rec, "turn", attrs, None):
+    with impl.Span(rec, "turn", attrs, None):
         assert sys.getrefcount(attrs) == before
         attrs["turn"] = 2  # the attrs are the span's from when it was made
     (event,) = taken(rec)
     assert event[-4:] == ("trajectory", "turn", "s1", 1)
 
 
-def test_recording_keeps_no_references_to_names_attrs_or_steps() -> None:
-    rec = recorder(room=3000)
+@both
+def test_recording_keeps_no_references_to_names_attrs_or_steps(impl: Impl) -> None:
+    rec = recorder(impl, room=3000)
     name = _fresh("span", "-name-", str(12345))
     key = _fresh("attr", "-key-", str(678))
     value = 10**40 + 7
@@ -618,7 +687,7 @@ def test_recording_keeps_no_references_to_names_attrs_or_steps() -> None:
     objects = [name, key, value, step, event_text, rec]
     before = [sys.getrefcount(o) for o in objects]
     for _ in range(1000):
-        with Span(rec, name, {key: value}, step):
+        with impl.Span(rec, name, {key: value}, step):
             pass
     for _ in range(1000):
         rec.add((event_text, (key, value), step))
@@ -630,29 +699,29 @@ def test_recording_keeps_no_references_to_names_attrs_or_steps() -> None:
     assert [sys.getrefcount(o) for o in objects] == before
 
 
-async def test_requests_keep_no_references(make_config: MakeConfig) -> None:
-    async with aprof.Profiler(make_config()) as prof:
-        rec = recorder(room=2000)
-        replica = 10**20 + 1
-        request_id = _fresh("request", "-id-", str(99))
-        objects = [prof, rec, replica, request_id]
-        before = [sys.getrefcount(o) for o in objects]
-        for _ in range(1000):
-            async with Request(prof, rec, replica, request_id) as req:
-                req.forward(1)
-        del req
-        assert len(taken(rec)) == 1000
-        assert [sys.getrefcount(o) for o in objects] == before
+@both
+async def test_requests_keep_no_references(impl: Impl) -> None:
+    rec = recorder(impl, room=2000)
+    at = gate(impl, 10**25 + 1)
+    replica = 10**20 + 1
+    request_id = _fresh("request", "-id-", str(99))
+    objects = [at, at.step, rec, replica, request_id]
+    before = [sys.getrefcount(o) for o in objects]
+    for _ in range(1000):
+        async with impl.Request(at, rec, replica, request_id) as req:
+            req.forward(1)
+    del req
+    assert len(taken(rec)) == 1000
+    assert [sys.getrefcount(o) for o in objects] == before
 
 
 # -- 5. requests ---------------------------------------------------------------------------
 
 
-async def test_forward_adds_up_tokens_and_checks_its_argument(make_config: MakeConfig) -> None:
-    async with (
-        aprof.Profiler(make_config()) as prof,
-        prof.request(replica=0, request_id="r1") as req,
-    ):
+@both
+async def test_forward_adds_up_tokens_and_checks_its_argument(impl: Impl) -> None:
+    """The argument errors are the C recorder's own words; the twin's are Python's."""
+    async with impl.Request(gate(impl), None, 0, "r1") as req:
         req.forward(tokens=3)
         req.forward(2)
         req.forward()
@@ -661,9 +730,10 @@ async def test_forward_adds_up_tokens_and_checks_its_argument(make_config: MakeC
             req.forward(token=1)  # type: ignore[call-arg]
         with pytest.raises(TypeError, match="tokens must be an int, not str"):
             req.forward("3")  # type: ignore[arg-type]
-        with pytest.raises(TypeError, match="at most 1 argument"):
+        at_most_one = "at most 1 argument" if impl is c_recorder else "argument"
+        with pytest.raises(TypeError, match=at_most_one):
             req.forward(1, tokens=2)  # type: ignore[misc]
-        with pytest.raises(TypeError, match="at most 1 argument"):
+        with pytest.raises(TypeError, match=at_most_one):
             req.forward(1, 2)  # type: ignore[call-arg]
         assert req.tokens == 5
         req.forward(2**63 - 6)
@@ -674,32 +744,32 @@ async def test_forward_adds_up_tokens_and_checks_its_argument(make_config: MakeC
         assert req.tokens == 2**63 - 1
 
 
-async def test_request_flags_are_bools_and_its_identity_is_read_only(
-    make_config: MakeConfig,
-) -> None:
-    async with aprof.Profiler(make_config()) as prof:
-        async with prof.step(1), prof.request(replica=0, request_id="r1") as req:
-            assert (req.replica, req.request_id, req.step) == (0, "r1", 1)
-            assert (req.gated, req.captured, req.tokens) == (False, False, 0)
-            with pytest.raises(TypeError):
-                req.gated = 1  # type: ignore[assignment]
-            with pytest.raises(TypeError):
-                req.captured = "yes"  # type: ignore[assignment]
-            req.gated = True
-            for field in ("replica", "request_id", "step", "tokens"):
-                with pytest.raises(AttributeError):
-                    setattr(req, field, 2)
-            assert repr(req) == (
-                "Request(replica=0, request_id='r1', step=1, gated=True, captured=False)"
-            )
-        assert prof.request(replica=3).request_id is None
+@both
+async def test_request_flags_are_bools_and_its_identity_is_read_only(impl: Impl) -> None:
+    async with impl.Request(gate(impl, 1), None, 0, "r1") as req:
+        assert (req.replica, req.request_id, req.step) == (0, "r1", 1)
+        assert (req.gated, req.captured, req.tokens) == (False, False, 0)
+        with pytest.raises(TypeError):
+            req.gated = 1  # type: ignore[assignment]
+        with pytest.raises(TypeError):
+            req.captured = "yes"  # type: ignore[assignment]
+        req.gated = True
+        for field in ("replica", "request_id", "step", "tokens"):
+            with pytest.raises(AttributeError):
+                setattr(req, field, 2)
+        assert repr(req) == (
+            "Request(replica=0, request_id='r1', step=1, gated=True, captured=False)"
+        )
+    assert impl.Request(gate(impl), None, 3, None).request_id is None
 
 
+@both
 async def test_a_request_records_replica_id_step_flags_tokens_and_note(
+    impl: Impl,
     make_config: MakeConfig,
 ) -> None:
     """Through the profiler's own recorder, read before the step's end takes it, and through
-    a recorder of the test's own."""
+    a recorder and gate of the test's own."""
     async with aprof.Profiler(make_config()) as prof:
         assert prof._recorder is not None
         async with prof.step(1):
@@ -713,8 +783,8 @@ async def test_a_request_records_replica_id_step_flags_tokens_and_note(
             assert before <= begin <= end <= after
             assert rest == [0, "r1", 1, False, True, 5, None]
 
-            rec = recorder()
-            own = Request(prof, rec, 2, None)
+            rec = recorder(impl)
+            own = impl.Request(gate(impl, prof.current_step), rec, 2, None)
             with pytest.raises(Planned):
                 async with own:
                     own.gated = True
@@ -728,22 +798,22 @@ async def test_a_request_records_replica_id_step_flags_tokens_and_note(
         assert outside.step is None
 
 
-async def test_a_request_ended_at_close_is_recorded_once(make_config: MakeConfig) -> None:
-    async with aprof.Profiler(make_config()) as prof:
-        rec = recorder()
-        req = Request(prof, rec, 0, "left open")
-        await req.__aenter__()
-        assert req in rec.open
-        req._end(2**40, OPEN_AT_CLOSE)
-        await req.__aexit__(None, None, None)
-        req._end(2**41, "again")
-        [(kind, _, end, *rest)] = taken(rec)
-        assert (kind, end, rest) == (
-            REQUEST,
-            2**40,
-            [0, "left open", None, False, False, 0, OPEN_AT_CLOSE],
-        )
-        assert rec.open == set()
+@both
+async def test_a_request_ended_at_close_is_recorded_once(impl: Impl) -> None:
+    rec = recorder(impl)
+    req = impl.Request(gate(impl), rec, 0, "left open")
+    await req.__aenter__()
+    assert req in rec.open
+    req._end(2**40, OPEN_AT_CLOSE)
+    await req.__aexit__(None, None, None)
+    req._end(2**41, "again")
+    [(kind, _, end, *rest)] = taken(rec)
+    assert (kind, end, rest) == (
+        REQUEST,
+        2**40,
+        [0, "left open", None, False, False, 0, OPEN_AT_CLOSE],
+    )
+    assert rec.open == set()
 
 
 async def test_a_request_with_the_timeline_off_records_nothing(make_config: MakeConfig) -> None:
@@ -758,8 +828,8 @@ async def test_a_request_with_the_timeline_off_records_nothing(make_config: Make
 async def test_a_gate_that_raises_ends_the_request_once_with_the_exception_type(
     make_config: MakeConfig,
 ) -> None:
-    """A real failure of ``prof._gate``: a replica that cannot be looked up (a list) while the
-    step has rollout windows. No ``__aexit__`` follows, so ``__aenter__`` records it."""
+    """A real failure of the profiler's ``_admit``: a replica that cannot be looked up (a list)
+    while the step has rollout windows. No ``__aexit__`` follows, so ``__aenter__`` records it."""
     async with aprof.Profiler(make_config()) as prof:
         assert prof._recorder is not None
         async with prof.step(1):
@@ -776,7 +846,7 @@ async def test_a_gate_that_raises_ends_the_request_once_with_the_exception_type(
 async def test_a_gated_request_whose_capture_fails_in_strict_mode_ends_once(
     make_config: MakeConfig,
 ) -> None:
-    """The awaitable ``_gate`` returns fails (``strict``: the start failed): the request is
+    """The awaitable ``_admit`` returns fails (``strict``: the start failed): the request is
     recorded once, gated, with the error's type as its note, and left open nowhere."""
     target = RecordingTarget("replica_0", replica=0, fail_start=True)
     async with aprof.Profiler(make_config(strict=True)) as prof:
@@ -795,40 +865,67 @@ async def test_a_gated_request_whose_capture_fails_in_strict_mode_ends_once(
 
 # -- 6. constructor and call errors --------------------------------------------------------
 
-REC = recorder()
+Call = Callable[[Impl, Any], object]
+
+# (call, its message, whether the message is aprof's own in both recorders): a call that
+# Python itself refuses in the twin (argument counts) gives Python's words there.
+WRONG_CALLS: list[tuple[Call, str, bool]] = [
+    (lambda m, rec: m.Span(rec, "n", [], None), "attrs must be a dict, not list", True),
+    (lambda m, rec: m.Span("not a recorder", "n", {}, None), "expected a Recorder, not str", True),
+    (
+        lambda m, rec: m.Span(rec, "n", {}),
+        "Span\\(recorder, name, attrs, step\\) takes 4 positional",
+        False,
+    ),
+    (lambda m, rec: m.Span(rec, "n", {}, None, 1), "takes 4 positional arguments", False),
+    (lambda m, rec: m.Span(rec, "n", {}, step=None), "takes 4 positional arguments", False),
+    (lambda m, rec: m.Recorder(1), "on_full must be callable", True),
+    (lambda m, rec: m.Recorder(), "Recorder expected 1 argument, got 0", False),
+    (lambda m, rec: m.Recorder(on_full=print), "Recorder\\(\\) takes no keyword", False),
+    (lambda m, rec: m.Gate(1), "admit must be callable", True),
+    (lambda m, rec: m.Request(None, None, 0, None), "expected a Gate, not NoneType", True),
+    (
+        lambda m, rec: m.Request(gate(m), "not a recorder", 0, None),
+        "expected a Recorder, not str",
+        True,
+    ),
+    (
+        lambda m, rec: m.Request(gate(m), None, 0),
+        "Request\\(gate, recorder, replica, request_id\\)",
+        False,
+    ),
+    (
+        lambda m, rec: m.Span(rec, "n", {}, None)._end(1),
+        "_end\\(end, note\\) takes 2 arguments, got 1",
+        False,
+    ),
+    (lambda m, rec: m.Span(rec, "n", {}, None)._end(1.5, None), "integer", True),
+    (
+        lambda m, rec: m.Span(rec, "n", {}, None).__exit__(None, None),
+        "__exit__\\(exc_type, exc, tb\\) takes 3 arguments, got 2",
+        False,
+    ),
+    (
+        lambda m, rec: m.Span(rec, "n", {}, None).__aexit__(None),
+        "__aexit__\\(exc_type, exc, tb\\) takes 3 arguments, got 1",
+        False,
+    ),
+]
 
 
-@pytest.mark.parametrize(
-    ("call", "message"),
-    [
-        (lambda: Span(REC, "n", [], None), "attrs must be a dict, not list"),
-        (lambda: Span("not a recorder", "n", {}, None), "expected a Recorder, not str"),
-        (lambda: Span(REC, "n", {}), "Span\\(recorder, name, attrs, step\\) takes 4 positional"),
-        (lambda: Span(REC, "n", {}, None, 1), "takes 4 positional arguments"),
-        (lambda: Span(REC, "n", {}, step=None), "takes 4 positional arguments"),
-        (lambda: Span.__new__(Span, REC, "n", {}), "Span expected 4 arguments, got 3"),
-        (lambda: Recorder(1), "on_full must be callable"),
-        (lambda: Recorder(), "Recorder expected 1 argument, got 0"),
-        (lambda: Recorder(on_full=print), "Recorder\\(\\) takes no keyword arguments"),
-        (lambda: Request(None, "not a recorder", 0, None), "expected a Recorder, not str"),
-        (lambda: Request(None, None, 0), "Request\\(prof, recorder, replica, request_id\\)"),
-        (lambda: Span(REC, "n", {}, None)._end(1), "_end\\(end, note\\) takes 2 arguments, got 1"),
-        (lambda: Span(REC, "n", {}, None)._end(1.5, None), "integer"),
-        (
-            lambda: Span(REC, "n", {}, None).__exit__(None, None),
-            "__exit__\\(exc_type, exc, tb\\) takes 3 arguments, got 2",
-        ),
-        (
-            lambda: Span(REC, "n", {}, None).__aexit__(None),
-            "__aexit__\\(exc_type, exc, tb\\) takes 3 arguments, got 1",
-        ),
-    ],
-)
+@both
+@pytest.mark.parametrize(("call", "message", "ours"), WRONG_CALLS)
 def test_wrong_arguments_raise_type_error_naming_the_problem(
-    call: Callable[[], object], message: str
+    impl: Impl, call: Call, message: str, ours: bool
 ) -> None:
-    with pytest.raises(TypeError, match=message):
-        call()
+    with pytest.raises(TypeError, match=message if ours or impl is c_recorder else None):
+        call(impl, recorder(impl))
+
+
+@pytest.mark.skipif(c_recorder is None, reason="the C recorder is not built")
+def test_the_c_span_checks_its_arguments_when_made_through_new_too() -> None:
+    with pytest.raises(TypeError, match="Span expected 4 arguments, got 3"):
+        c_recorder.Span.__new__(c_recorder.Span, recorder(c_recorder), "n", {})
 
 
 async def test_with_the_timeline_off_a_span_is_the_one_null_span(make_config: MakeConfig) -> None:
@@ -836,12 +933,17 @@ async def test_with_the_timeline_off_a_span_is_the_one_null_span(make_config: Ma
     span, works with ``with`` and ``async with`` and does not swallow exceptions."""
     async with aprof.Profiler(make_config(timeline={"enable": False})) as prof:
         span = prof.span("turn", turn=1)
-        assert span is NULL_SPAN and not gc.is_tracked(span)
+        assert span is chosen.NULL_SPAN
         with span as entered:
-            assert entered is NULL_SPAN
+            assert entered is span
         async with span as entered:
-            assert entered is NULL_SPAN
+            assert entered is span
         with pytest.raises(KeyError), span:
             raise KeyError("kept")
+
+
+@both
+def test_there_is_one_null_span(impl: Impl) -> None:
     with pytest.raises(TypeError, match="cannot create"):
-        NullSpan()  # type: ignore[call-arg]
+        impl.NullSpan()
+    assert type(impl.NULL_SPAN) is impl.NullSpan

@@ -26,8 +26,8 @@ from timeline_rules import (
 )
 
 import aprof
-from aprof import _writer_process
-from aprof._writer_process import WriterProcess
+from aprof._timeline import writer_process as _writer_process
+from aprof._timeline.writer_process import WriterProcess
 from aprof.testing import RecordingTarget
 
 MakeConfig = Callable[..., aprof.ProfilerConfig]

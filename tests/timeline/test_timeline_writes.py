@@ -20,6 +20,7 @@ from timeline_rules import (
 )
 
 import aprof
+from aprof._timeline.writer_process import WriterProcess
 from aprof.testing import RecordingTarget
 
 MakeConfig = Callable[..., aprof.ProfilerConfig]
@@ -231,8 +232,8 @@ async def test_a_long_run_writes_its_timeline_in_parts(
     write never copies more than one part: every part is a whole trace with the process's
     name and clock, the manifest lists them all, and together they hold every span once.
     (The writer thread writes here, with parts of 4 kB: the limit lives in its process.)"""
-    monkeypatch.setattr("aprof._chrome_trace._PART_BYTES", 4096)
-    monkeypatch.setattr("aprof._writer_process.WriterProcess.shared", classmethod(lambda cls: None))
+    monkeypatch.setattr("aprof._timeline.chrome_trace._PART_BYTES", 4096)
+    monkeypatch.setattr(WriterProcess, "shared", classmethod(lambda cls: None))
     async with aprof.Profiler(make_config(global_profiler={"steps": []})) as prof:
         for n in range(1, 13):
             async with prof.step(n):
@@ -261,7 +262,7 @@ async def test_events_of_a_failed_write_wait_for_the_next(
 ) -> None:
     """A write that fails (here the folder is squatted by a file) loses nothing: once the way
     is clear, the next write holds the spans of both steps."""
-    monkeypatch.setattr("aprof._writer_process.WriterProcess.shared", classmethod(lambda cls: None))
+    monkeypatch.setattr(WriterProcess, "shared", classmethod(lambda cls: None))
     async with aprof.Profiler(make_config(global_profiler={"steps": []})) as prof:
         folder = prof.save_path / "timeline"
         folder.write_bytes(b"")  # not a folder: the write fails

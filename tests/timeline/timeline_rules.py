@@ -135,7 +135,7 @@ def writer_processes(parent: int) -> list[int]:
             command = (entry / "cmdline").read_bytes()  # empty once it ended
         except OSError:  # not a process, or one that ended meanwhile
             continue
-        if f"\nPPid:\t{parent}\n" in status and b"_chrome_trace.py" in command:
+        if f"\nPPid:\t{parent}\n" in status and b"aprof._timeline.writer_child" in command:
             found.append(int(entry.name))
     return found
 

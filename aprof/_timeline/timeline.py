@@ -2,12 +2,12 @@
 
 A span is recorded once, when it ends, as one event holding its begin and end (monotonic ns).
 Spans and requests, the hot path, record themselves into the timeline's ``Recorder``
-(``aprof/_recorder.c``), which holds events in marshal's format; steps and windows come
-through :meth:`Timeline.add`. The timeline takes at most ``buffer_events`` events between two
+(``recorder.py``), which holds events in marshal's format; steps and windows come through
+:meth:`Timeline.add`. The timeline takes at most ``buffer_events`` events between two
 writes of its file, and what does not fit is dropped and counted. Every ``_BATCH`` events, and
 at each flush, a writer thread per timeline hands them to the interpreter's writer process
-(``aprof/_writer_process.py``), which turns them into Chrome trace JSON and gzip
-(``aprof/_chrome_trace.py``) and writes the file at each flush; where that process cannot
+(``writer_process.py``), which turns them into Chrome trace JSON and gzip
+(``chrome_trace.py``) and writes the file at each flush; where that process cannot
 start, the thread does it all.
 """
 
@@ -17,29 +17,24 @@ import asyncio
 import contextlib
 import os
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, TypeVar
 
-from aprof._chrome_trace import STEP, WINDOW, ChromeTraceWriter, Event, Written, part_name
 from aprof._logging import logger
-from aprof._manifest import Clock
-from aprof._recorder import Recorder
-from aprof._writer_process import RemoteFile, WriterProcess
+from aprof._timeline.chrome_trace import Anchor, ChromeTraceWriter, Written, part_name
+from aprof._timeline.events import STEP, WINDOW, Event, now_ns
+from aprof._timeline.recorder import Recorder
+from aprof._timeline.writer_process import RemoteFile, WriterProcess
 
 if TYPE_CHECKING:
     from aprof._manifest import WindowRecord
 
-AttrValue = str | int | float | bool | None
 _T = TypeVar("_T")
 
 OPEN_AT_CLOSE: Final = "open at close"
 """The note of a span that was still open when the timeline closed."""
-
-now_ns = time.monotonic_ns
-"""The timeline's clock, the manifest's ``clock.monotonic_ns`` anchors it to wall time."""
 
 _BATCH: Final = 2000
 """Events handed to the writer at a time, so that the recording process holds few of them."""
@@ -50,7 +45,7 @@ class Timeline:
     (and ``<process>.<k>.trace.json.gz`` for the k-th part of a long run); ``root`` is
     ``save_path``."""
 
-    def __init__(self, *, capacity: int, root: Path, process: str, clock: Clock) -> None:
+    def __init__(self, *, capacity: int, root: Path, process: str, clock: Anchor) -> None:
         self.capacity = capacity
         self.recorder = Recorder(self._hand_over)
         """The events recorded and not handed to the writer yet; spans and requests record

@@ -2,12 +2,12 @@
 
 Formatting and compressing an event costs about 2 µs, and in a thread of the recording process
 that time holds the GIL its event loop needs. The child does it instead; the recording process
-records events in marshal's format already (``aprof/_recorder.c``) and writes them into the
-child's stdin, a batch at a time while the run goes on; the child turns each batch into
-compressed JSON as it comes and writes the file when asked. The child starts at the first
-write of the interpreter, serves every timeline after that, and ends when its stdin does:
-when the interpreter exits, or when the recording process ends in any way, SIGKILL included.
-Its side of the protocol is ``aprof._chrome_trace.serve``.
+records events in marshal's format already (its recorder) and writes them into the child's
+stdin, a batch at a time while the run goes on; the child turns each batch into compressed
+JSON as it comes and writes the file when asked. The child starts at the first write of the
+interpreter, serves every timeline after that, and ends when its stdin does: when the
+interpreter exits, or when the recording process ends in any way, SIGKILL included. The
+messages are ``protocol.py``'s; the child's program is ``writer_child.py``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import atexit
 import contextlib
 import fcntl
 import itertools
-import marshal
 import os
 import select
 import subprocess
@@ -26,9 +25,10 @@ import time
 from pathlib import Path
 from typing import IO, ClassVar, Final
 
-from aprof import _chrome_trace
-from aprof._chrome_trace import CLOSE, EVENTS, OPEN, WRITE, Anchor, Written
+from aprof import _safe_files
 from aprof._logging import logger
+from aprof._timeline import protocol
+from aprof._timeline.chrome_trace import Anchor, Written
 
 _START_S: Final = 30.0
 """How long the child may take to say it is ready."""
@@ -40,6 +40,16 @@ _WRITE_S: Final = 120.0
 """How long the child may take to take a message in, or to answer a write, before it counts
 as stuck and is killed: the writer thread, and the profiler's close that waits for it, must
 not wait forever."""
+_CHILD: Final = (
+    # The child imports aprof's standard-library-only modules without running aprof's
+    # __init__ (whose dependencies -S leaves out): the two packages are made empty shells.
+    "import sys, types\n"
+    "for name, path in zip(('aprof', 'aprof._timeline'), sys.argv[1:3]):\n"
+    "    sys.modules[name] = package = types.ModuleType(name)\n"
+    "    package.__path__ = [path]\n"
+    "from aprof._timeline.writer_child import main\n"
+    "main()\n"
+)
 
 
 class WriterProcess:
@@ -74,7 +84,9 @@ class WriterProcess:
 
     @classmethod
     def _start(cls) -> WriterProcess | None:
-        command = [sys.executable, "-I", "-S", _chrome_trace.__file__]
+        package = os.path.dirname(os.path.abspath(_safe_files.__file__))
+        timeline = os.path.dirname(os.path.abspath(protocol.__file__))
+        command = [sys.executable, "-I", "-S", "-c", _CHILD, package, timeline]
         try:
             proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         except (OSError, ValueError) as exc:
@@ -83,7 +95,7 @@ class WriterProcess:
         assert proc.stdin is not None and proc.stdout is not None
         ready, _, _ = select.select([proc.stdout], [], [], _START_S)
         answer = proc.stdout.readline() if ready else b""
-        if answer != b"ready\n":
+        if answer != protocol.READY:
             logger.warning("timeline writer process failed to start", error=repr(answer))
             _end(proc, proc.stdin, proc.stdout, 0)
             return None
@@ -98,17 +110,17 @@ class WriterProcess:
         process; ``None`` if it has ended."""
         file = self._files()
         where = (str(root.absolute()), str(path.absolute()))
-        setup = (OPEN, file, *where, process, clock.wall_ns, clock.monotonic_ns)
+        setup = (protocol.OPEN, file, *where, process, clock.wall_ns, clock.monotonic_ns)
         try:
             with self._lock:
-                self._deliver(marshal.dumps((*setup, pid, tid)))
+                self._deliver(protocol.frame((*setup, pid, tid)))
         except OSError:
             return None
         return RemoteFile(self, file)
 
     def add(self, file: int, events: bytes) -> None:
         """Send ``events`` (``Recorder.take()``'s) for the next write of ``file``."""
-        data = marshal.dumps((EVENTS, file, events))
+        data = protocol.frame((protocol.EVENTS, file, events))
         with self._lock, contextlib.suppress(OSError):  # the write that follows says so
             self._deliver(data)
 
@@ -116,21 +128,21 @@ class WriterProcess:
         """Have ``file`` written with what :meth:`add` sent since its last write; waits for
         the child's answer."""
         with self._lock:
-            self._deliver(marshal.dumps((WRITE, file, dropped)))
+            self._deliver(protocol.frame((protocol.WRITE, file, dropped)))
             try:
                 # One line answers each write, so nothing waits in the reader's buffer.
                 ready, _, _ = select.select([self._answers], [], [], _WRITE_S)
-                answer = self._answers.readline().decode() if ready else None
+                line = self._answers.readline() if ready else None
             except OSError:
-                answer = ""
-            if answer is None:
+                line = b""
+            if line is None:
                 self._kill(f"the timeline writer process did not write within {_WRITE_S:g} s")
                 raise OSError(self._why)
-            kind, _, rest = answer.rstrip("\n").partition(" ")
-            if kind == "written":
-                return Written(*map(int, rest.split()))
-            if kind == "failed":
-                raise OSError(rest)
+            answer = protocol.parse_answer(line)
+            if isinstance(answer, tuple):
+                return Written(*answer)
+            if isinstance(answer, str):
+                raise OSError(answer)
             self.ended = True
             self._why = f"the timeline writer process ended (exit code {self._proc.poll()})"
             raise OSError(self._why)
@@ -138,14 +150,14 @@ class WriterProcess:
     def forget(self, file: int) -> None:
         """Tell the child that ``file`` gets no more writes."""
         with self._lock, contextlib.suppress(OSError):
-            self._deliver(marshal.dumps((CLOSE, file)))
+            self._deliver(protocol.frame((protocol.CLOSE, file)))
 
     def _deliver(self, message: bytes) -> None:
-        """Send one message whole (under the lock); ``OSError`` if the child ended or did not
+        """Send one framed message whole (under the lock); ``OSError`` if the child ended or did not
         take it within ``_WRITE_S`` (then it is killed)."""
         if self.ended:
             raise OSError(self._why)
-        data = memoryview(_framed(message))
+        data = memoryview(message)
         fd, until = self._send.fileno(), time.monotonic() + _WRITE_S
         try:
             while data:
@@ -232,7 +244,3 @@ def _end(proc: subprocess.Popen[bytes], send: IO[bytes], answers: IO[bytes], wai
         proc.kill()
         proc.wait()
     answers.close()
-
-
-def _framed(data: bytes) -> bytes:
-    return len(data).to_bytes(8, "little") + data

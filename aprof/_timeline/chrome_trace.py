@@ -11,7 +11,8 @@ in the file: Perfetto puts async slices on one track per (process, name of the s
 replica's requests, each target's captures and each span name get their own track. Steps never
 overlap, so they are ``X`` slices on the event-loop thread.
 
-Run as a script, this module is the writer process (``aprof/_writer_process.py``).
+Standard library only (and ``aprof._safe_files``): the writer process runs it
+(``writer_child.py``).
 """
 
 from __future__ import annotations
@@ -20,9 +21,7 @@ import itertools
 import marshal
 import math
 import os
-import signal
 import stat
-import sys
 import time
 import zlib
 from collections.abc import Iterator
@@ -30,25 +29,8 @@ from json.encoder import encode_basestring_ascii as _quote
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-if __name__ == "__main__":  # the writer process, run by path (-I -S): aprof is not importable
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _safe_files import move_aside, open_folder, replace_file  # type: ignore[import-not-found]
-else:
-    from aprof._safe_files import move_aside, open_folder, replace_file
-
-Event = tuple[Any, ...]
-"""One recorded span, step or window; its first item is one of the kinds below."""
-
-SPAN = 0
-"""``(SPAN, name, begin_ns, end_ns, step, note, *keys, *values)``: a ``prof.span`` and its
-attrs, flat."""
-REQUEST = 1
-"""``(REQUEST, begin_ns, end_ns, replica, request_id, step, gated, captured, tokens, note)``."""
-STEP = 2
-"""``(STEP, begin_ns, end_ns, n, selected)``: one global step."""
-WINDOW = 3
-"""``(WINDOW, target, kind, step, marks, end_ns, state, stop_reason, enforced_by, error, note)``;
-``marks`` holds ``(phase, begin_ns)`` for each of starting, active, stopping it went through."""
+from aprof._safe_files import move_aside, open_folder, replace_file
+from aprof._timeline.events import REQUEST, SPAN, STEP, WINDOW, Event
 
 _LEVEL = 1  # zlib: the timeline is written while the run goes on, so speed over ratio
 _CHUNK = 500  # events serialized per piece: about a millisecond of holding the GIL
@@ -72,11 +54,6 @@ class Anchor(Protocol):
 
     @property
     def monotonic_ns(self) -> int: ...
-
-
-class _Clock(NamedTuple):
-    wall_ns: int
-    monotonic_ns: int
 
 
 class Written(NamedTuple):
@@ -419,88 +396,3 @@ def _prefix(folder: int, name: str, size: int, tail: int) -> Iterator[bytes] | N
                 left -= len(chunk)
 
     return chunks()
-
-
-# -- the writer process ---------------------------------------------------------------------------
-# ``python -I -S _chrome_trace.py``: run by path, with the standard library only, so that it
-# starts without importing aprof. One such process writes every timeline of the interpreter
-# that started it (``aprof/_writer_process.py``). Through stdin come marshal'd tuples, each
-# after its length (8 bytes, little-endian):
-#   (OPEN, file, root, path, process, wall_ns, monotonic_ns, pid, tid)
-#                                                                  a timeline file to write
-#   (EVENTS, file, events)                                         for its next write; ``events``
-#                                                                  is marshal's bytes of a list
-#   (WRITE, file, dropped)                                         write it; one answer
-#   (CLOSE, file)                                                  no more writes to it
-# Through stdout go lines: ``ready`` once, then one per WRITE, ``written <bytes> <events>
-# <dropped> <part>`` or ``failed <repr of the error>``.
-
-OPEN, EVENTS, WRITE, CLOSE = range(4)
-
-
-def serve(source: Any, reply: Any) -> None:
-    """Write timelines as ``source`` asks, answering on ``reply``, until ``source`` ends."""
-    writers: dict[int, ChromeTraceWriter] = {}
-    failed: dict[int, Exception] = {}
-    answer = b"ready"
-    while True:
-        if answer:
-            try:
-                reply.write(answer + b"\n")
-                reply.flush()
-            except BrokenPipeError:  # the recording process ended
-                return
-            answer = b""
-        message = _receive(source)
-        if message is None:
-            return
-        kind, file = message[0], message[1]
-        if kind == EVENTS:
-            try:
-                writers[file].add_marshalled(message[2])
-            except Exception as exc:  # answered at the write they were for
-                failed.setdefault(file, exc)
-        elif kind == WRITE:
-            writer, error = writers.get(file), failed.pop(file, None)
-            try:
-                if writer is None:
-                    raise LookupError(f"no timeline file {file} was opened")
-                if error is not None:
-                    writer.discard()
-                    raise error
-                writer.write(message[2])
-            except Exception as exc:  # costs this write only, as in the recording process
-                answer = f"failed {exc!r}".encode()
-            else:
-                answer = b"written %d %d %d %d" % writer.written
-        elif kind == OPEN:
-            root, path, process, wall_ns, monotonic_ns, pid, tid = message[2:]
-            writers[file] = ChromeTraceWriter(
-                Path(path),
-                root=Path(root),
-                process=process,
-                clock=_Clock(wall_ns, monotonic_ns),
-                pid=pid,
-                tid=tid,
-                pause_s=0,
-            )
-        elif kind == CLOSE:
-            writers.pop(file, None)
-            failed.pop(file, None)
-
-
-def _receive(source: Any) -> Any:
-    """The next message from ``source``; ``None`` once it ended (maybe in the middle of one)."""
-    # Read whole, then loaded: marshal.load on a file reads it object by object, 20x slower.
-    size = int.from_bytes(source.read(8), "little")
-    data = source.read(size)
-    if not size or len(data) < size:
-        return None
-    return marshal.loads(data)
-
-
-if __name__ == "__main__":
-    # Ctrl-C reaches the whole process group: the recording process closes its timelines then,
-    # and their last writes need this process. It ends when its stdin does.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    serve(sys.stdin.buffer, sys.stdout.buffer)

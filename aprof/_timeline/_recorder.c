@@ -1,4 +1,5 @@
-/* aprof._recorder: the timeline's hot path (see _recorder.pyi for the Python view).
+/* aprof._timeline._recorder: the timeline's hot path in C. pyrecorder.py is its pure-Python
+twin, of the same contract, and the typed view of both; recorder.py chooses which one runs.
 
 Every agent-loop turn records a request and one or two spans, so at 10,000 concurrent loops
 their cost is the profiler's cost. Written in Python, each was a few Python frames, two
@@ -16,8 +17,10 @@ were a third of what aprof added to a turn. Here:
   the timeline's close ends every open one;
 - the clock is CPython's monotonic clock, the one behind time.monotonic_ns().
 
-An event's layout is aprof/_chrome_trace.py's (SPAN, REQUEST, ...). A value that marshal's
-plain types do not hold is written as its str(), as the writer process shows it anyway. */
+An event's layout is events.py's (SPAN, REQUEST, ...). A value that marshal's plain types do
+not hold is written as its str(), as the writer process shows it anyway. A request learns what
+it needs of its profiler from a Gate (the step now open, whether it has rollout windows, and
+the admit callable), which it reads as a C struct. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -27,8 +30,8 @@ plain types do not hold is written as its str(), as the writer process shows it 
 #include <stdint.h>
 #include <string.h>
 
-#define KIND_SPAN 0    /* aprof._chrome_trace.SPAN */
-#define KIND_REQUEST 1 /* aprof._chrome_trace.REQUEST */
+#define KIND_SPAN 0    /* events.SPAN */
+#define KIND_REQUEST 1 /* events.REQUEST */
 
 /* marshal's type codes (Python/marshal.c); the loader takes any version's. */
 #define M_NONE 'N'
@@ -46,7 +49,7 @@ plain types do not hold is written as its str(), as the writer process shows it 
 #define M_HEAD 5     /* M_LIST and the count: the front of a Recorder's buffer */
 #define M_DEPTH 8    /* tuples nested deeper are written as their str() */
 
-static PyObject *str_gate, *str_rollout_live, *str_step, *str_tokens;
+static PyObject *str_tokens;
 
 static int64_t
 now_ns(void)
@@ -123,7 +126,7 @@ static PyAsyncMethods ready_async = {
 
 static PyTypeObject Ready_Type = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "aprof._recorder.Ready",
+    .tp_name = "aprof._timeline._recorder.Ready",
     .tp_basicsize = sizeof(Ready),
     .tp_dealloc = (destructor)ready_dealloc,
     .tp_as_async = &ready_async,
@@ -400,7 +403,7 @@ put_value(Recorder *self, PyObject *v)
         }
         return 0;
     }
-    PyErr_Format(PyExc_SystemError, "aprof._recorder: %.200s is not plain", Py_TYPE(v)->tp_name);
+    PyErr_Format(PyExc_SystemError, "aprof._timeline._recorder: %.200s is not plain", Py_TYPE(v)->tp_name);
     return -1;
 }
 
@@ -561,7 +564,7 @@ static PyMemberDef recorder_members[] = {
 
 static PyTypeObject Recorder_Type = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "aprof._recorder.Recorder",
+    .tp_name = "aprof._timeline._recorder.Recorder",
     .tp_basicsize = sizeof(Recorder),
     .tp_dealloc = (destructor)recorder_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
@@ -861,7 +864,7 @@ static PyMethodDef span_methods[] = {
 
 static PyTypeObject Span_Type = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "aprof._recorder.Span",
+    .tp_name = "aprof._timeline._recorder.Span",
     .tp_basicsize = offsetof(Span, attrs),
     .tp_itemsize = sizeof(PyObject *),
     .tp_dealloc = (destructor)span_dealloc,
@@ -919,7 +922,7 @@ static PyMethodDef null_methods[] = {
 
 static PyTypeObject NullSpan_Type = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "aprof._recorder.NullSpan",
+    .tp_name = "aprof._timeline._recorder.NullSpan",
     .tp_basicsize = sizeof(PyObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "What prof.span gives while the timeline is off: a span that records nothing "
@@ -933,11 +936,95 @@ typedef struct {
 
 static NullSpan null_span = {PyObject_HEAD_INIT(&NullSpan_Type)}; /* NULL_SPAN: never freed */
 
+/* -- Gate: what a request asks of its profiler ------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *admit; /* called with the request while `live` */
+    PyObject *step;  /* the global step now open, or None */
+    char live;       /* the step now open has rollout windows */
+} Gate;
+
+static PyTypeObject Gate_Type;
+
+static PyObject *
+gate_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *admit;
+    if (kwargs != NULL && PyDict_GET_SIZE(kwargs) > 0) {
+        PyErr_SetString(PyExc_TypeError, "Gate() takes no keyword arguments");
+        return NULL;
+    }
+    if (!PyArg_UnpackTuple(args, "Gate", 1, 1, &admit)) {
+        return NULL;
+    }
+    if (!PyCallable_Check(admit)) {
+        PyErr_SetString(PyExc_TypeError, "Gate(admit): admit must be callable");
+        return NULL;
+    }
+    Gate *self = (Gate *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->admit = Py_NewRef(admit);
+    self->step = Py_NewRef(Py_None);
+    self->live = 0;
+    return (PyObject *)self;
+}
+
+static int
+gate_traverse(Gate *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->admit);
+    Py_VISIT(self->step);
+    return 0;
+}
+
+static int
+gate_clear(Gate *self)
+{
+    Py_CLEAR(self->admit);
+    Py_CLEAR(self->step);
+    return 0;
+}
+
+static void
+gate_dealloc(Gate *self)
+{
+    PyObject_GC_UnTrack(self);
+    gate_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef gate_members[] = {
+    {"admit", T_OBJECT, offsetof(Gate, admit), READONLY,
+     "Called with each request while `live`: None if it may go now, else what it awaits "
+     "first."},
+    {"step", T_OBJECT, offsetof(Gate, step), 0, "The global step now open, if any."},
+    {"live", T_BOOL, offsetof(Gate, live), 0,
+     "The step now open has rollout windows: requests are admitted."},
+    {NULL},
+};
+
+static PyTypeObject Gate_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "aprof._timeline._recorder.Gate",
+    .tp_basicsize = sizeof(Gate),
+    .tp_dealloc = (destructor)gate_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Gate(admit): what a request asks of its profiler as it enters, and nothing "
+              "more:\nthe step now open, whether it has rollout windows, and admit(request).",
+    .tp_traverse = (traverseproc)gate_traverse,
+    .tp_clear = (inquiry)gate_clear,
+    .tp_members = gate_members,
+    .tp_new = gate_new,
+};
+
 /* -- Request --------------------------------------------------------------------------- */
 
 typedef struct {
     PyObject_HEAD
-    PyObject *prof;
+    Gate *gate;
     Recorder *recorder; /* NULL while the timeline is off */
     PyObject *replica;
     PyObject *request_id;
@@ -951,8 +1038,12 @@ typedef struct {
 static PyTypeObject Request_Type;
 
 static PyObject *
-request_make(PyObject *prof, PyObject *recorder, PyObject *replica, PyObject *request_id)
+request_make(PyObject *gate, PyObject *recorder, PyObject *replica, PyObject *request_id)
 {
+    if (Py_TYPE(gate) != &Gate_Type) {
+        PyErr_Format(PyExc_TypeError, "expected a Gate, not %.200s", Py_TYPE(gate)->tp_name);
+        return NULL;
+    }
     if (recorder != Py_None && check_recorder(recorder) < 0) {
         return NULL;
     }
@@ -960,7 +1051,7 @@ request_make(PyObject *prof, PyObject *recorder, PyObject *replica, PyObject *re
     if (self == NULL) {
         return NULL;
     }
-    self->prof = Py_NewRef(prof);
+    self->gate = (Gate *)Py_NewRef(gate);
     self->recorder = recorder == Py_None ? NULL : (Recorder *)Py_NewRef(recorder);
     self->replica = Py_NewRef(replica);
     self->request_id = Py_NewRef(request_id);
@@ -978,7 +1069,7 @@ request_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObjec
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     if (nargs != 4 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0)) {
         PyErr_SetString(PyExc_TypeError,
-                        "Request(prof, recorder, replica, request_id) takes 4 positional "
+                        "Request(gate, recorder, replica, request_id) takes 4 positional "
                         "arguments");
         return NULL;
     }
@@ -988,21 +1079,21 @@ request_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObjec
 static PyObject *
 request_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    PyObject *prof, *recorder, *replica, *request_id;
+    PyObject *gate, *recorder, *replica, *request_id;
     if (kwargs != NULL && PyDict_GET_SIZE(kwargs) > 0) {
         PyErr_SetString(PyExc_TypeError, "Request() takes no keyword arguments");
         return NULL;
     }
-    if (!PyArg_UnpackTuple(args, "Request", 4, 4, &prof, &recorder, &replica, &request_id)) {
+    if (!PyArg_UnpackTuple(args, "Request", 4, 4, &gate, &recorder, &replica, &request_id)) {
         return NULL;
     }
-    return request_make(prof, recorder, replica, request_id);
+    return request_make(gate, recorder, replica, request_id);
 }
 
 static void
 request_dealloc(Request *self)
 {
-    Py_DECREF(self->prof);
+    Py_DECREF(self->gate);
     Py_XDECREF(self->recorder);
     Py_DECREF(self->replica);
     Py_DECREF(self->request_id);
@@ -1058,30 +1149,21 @@ request_end(Request *self, int64_t end, PyObject *note)
 }
 
 /* `async with prof.request(...)`: take the step, begin the span, and let the request go;
-   while the step has rollout windows, the profiler's `_gate` counts it first and may give
-   an awaitable that lets it go later. */
+   while the step has rollout windows, the gate's `admit` counts it first and may give an
+   awaitable that lets it go later. */
 static PyObject *
 request_aenter(Request *self, PyObject *unused)
 {
-    PyObject *step = PyObject_GetAttr(self->prof, str_step);
-    if (step == NULL) {
-        return NULL;
-    }
-    Py_SETREF(self->step, step);
-    PyObject *live = PyObject_GetAttr(self->prof, str_rollout_live);
-    int gate = live == NULL ? -1 : PyObject_IsTrue(live);
-    Py_XDECREF(live);
-    if (gate < 0) {
-        return NULL;
-    }
+    Gate *gate = self->gate;
+    Py_SETREF(self->step, Py_NewRef(gate->step == NULL ? Py_None : gate->step));
     if (self->recorder != NULL) {
         self->begin = now_ns();
         if (PySet_Add(self->recorder->open, (PyObject *)self) < 0) {
             return NULL;
         }
     }
-    if (gate) {
-        PyObject *wait = PyObject_CallMethodOneArg(self->prof, str_gate, (PyObject *)self);
+    if (gate->live) {
+        PyObject *wait = PyObject_CallOneArg(gate->admit, (PyObject *)self);
         if (wait == NULL) {
             /* No __aexit__ follows a failed __aenter__: the request ends here. */
             PyObject *type, *value, *tb;
@@ -1237,8 +1319,9 @@ static PyTypeObject Request_Type = {
 
 static struct PyModuleDef recorder_module = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "aprof._recorder",
-    .m_doc = "The timeline's hot path: Recorder, Span, Request and NULL_SPAN.",
+    .m_name = "aprof._timeline._recorder",
+    .m_doc = "The timeline's hot path in C: Gate, Recorder, Span, Request and NULL_SPAN "
+             "(pyrecorder.py is its twin).",
     .m_size = -1,
 };
 
@@ -1252,11 +1335,11 @@ intern(PyObject **name, const char *text)
 PyMODINIT_FUNC
 PyInit__recorder(void)
 {
-    if (intern(&str_gate, "_gate") < 0 || intern(&str_rollout_live, "_rollout_live") < 0 ||
-        intern(&str_step, "_step") < 0 || intern(&str_tokens, "tokens") < 0) {
+    if (intern(&str_tokens, "tokens") < 0) {
         return NULL;
     }
-    if (PyType_Ready(&Ready_Type) < 0 || PyType_Ready(&Recorder_Type) < 0 ||
+    if (PyType_Ready(&Ready_Type) < 0 || PyType_Ready(&Gate_Type) < 0 ||
+        PyType_Ready(&Recorder_Type) < 0 ||
         PyType_Ready(&Span_Type) < 0 || PyType_Ready(&Request_Type) < 0 ||
         PyType_Ready(&NullSpan_Type) < 0) {
         return NULL;
@@ -1270,7 +1353,8 @@ PyInit__recorder(void)
     if (module == NULL) {
         return NULL;
     }
-    if (PyModule_AddObjectRef(module, "Recorder", (PyObject *)&Recorder_Type) < 0 ||
+    if (PyModule_AddObjectRef(module, "Gate", (PyObject *)&Gate_Type) < 0 ||
+        PyModule_AddObjectRef(module, "Recorder", (PyObject *)&Recorder_Type) < 0 ||
         PyModule_AddObjectRef(module, "Span", (PyObject *)&Span_Type) < 0 ||
         PyModule_AddObjectRef(module, "Request", (PyObject *)&Request_Type) < 0 ||
         PyModule_AddObjectRef(module, "NullSpan", (PyObject *)&NullSpan_Type) < 0 ||
