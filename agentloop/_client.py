@@ -8,20 +8,18 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 import structlog
 import yarl
 
+import aprof
 from agentloop import _dialects
 from agentloop._balancer import ReplicaBalancer
 from agentloop._dialects import Answer, Api, BadAnswer
 from agentloop._errors import LLMError
 from agentloop._sse import SSEDecoder
-
-if TYPE_CHECKING:
-    import aprof
 
 _BODY_SHOWN = 300
 """Characters of an error body kept in an LLMError (servers may answer with whole pages)."""
@@ -234,12 +232,12 @@ class LLMClient:
                     return _dialects.read_whole(self.api, await resp.json(content_type=None))
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             # Raised while connecting, before any byte of the request was written.
-            raise LLMError(replica, url, "connect", _describe(exc)) from exc
+            raise LLMError(replica, url, "connect", aprof.describe(exc)) from exc
         except TimeoutError as exc:
             cause = f"no complete answer within {self._timeout_s:g} s"
             raise LLMError(replica, url, "timeout", cause) from exc
         except aiohttp.ClientError as exc:
-            raise LLMError(replica, url, "disconnected", _describe(exc)) from exc
+            raise LLMError(replica, url, "disconnected", aprof.describe(exc)) from exc
         except ValueError as exc:  # BadAnswer, and JSON or UTF-8 that does not decode
             raise LLMError(replica, url, "response", str(exc)) from exc
 
@@ -252,7 +250,3 @@ class LLMClient:
                     return answer
                 _dialects.read_chunk(self.api, answer, json.loads(data))
         raise BadAnswer(f"the stream ended without {_dialects.DONE}")
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

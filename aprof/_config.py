@@ -1,4 +1,4 @@
-"""aprof's configuration: pydantic models, loading, error messages and the verl mapping."""
+"""aprof's configuration: pydantic models, loading and readable errors (verl's: `_verl`)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from pydantic_core import ErrorDetails
 from aprof._errors import ConfigError
 from aprof._layout import check_name
 from aprof._safe_files import FileTooLargeError, NotRegularFileError, read_regular
-from aprof._steps import MAX_INT, StepSelection, _is_int, _member, _show
+from aprof._steps import MAX_INT, StepSelection, is_int, key_member, show_value
 
 MAX_CONFIG_BYTES = 1024**2
 """Largest config file (or YAML text) read: 1 MiB. verl's composed trainer configs are tens of
@@ -91,7 +91,7 @@ def _path_text(value: object) -> object:
             raise ConfigError("", "must not be empty")
         # Either would pass here and fail later, when a file is created, with a raw error.
         if "\0" in text:
-            raise ConfigError("", f"must not hold a NUL character, got {_show(text)}")
+            raise ConfigError("", f"must not hold a NUL character, got {show_value(text)}")
         try:
             os.fsencode(text)
         except UnicodeEncodeError as exc:
@@ -119,13 +119,13 @@ def _indices(what: str) -> Callable[[object], object]:
             return value
         if not isinstance(value, list | tuple):
             expected = "'all' or a list of replica indices" if what == "replica" else "a list"
-            raise ConfigError("", f"expected {expected}, got {_show(value)}")
+            raise ConfigError("", f"expected {expected}, got {show_value(value)}")
         seen: set[int] = set()
         for i, item in enumerate(value):
-            if not _is_int(item) or item < 0:
-                raise ConfigError(f"[{i}]", f"expected a {what} index >= 0, got {_show(item)}")
+            if not is_int(item) or item < 0:
+                raise ConfigError(f"[{i}]", f"expected a {what} index >= 0, got {show_value(item)}")
             if item > MAX_INT:
-                raise ConfigError(f"[{i}]", f"must be <= {MAX_INT}, got {_show(item)}")
+                raise ConfigError(f"[{i}]", f"must be <= {MAX_INT}, got {show_value(item)}")
             if item in seen:
                 raise ConfigError(f"[{i}]", f"{what} {item} is listed twice")
             seen.add(item)
@@ -434,7 +434,7 @@ class ProfilerConfig(_Model):
         for name in roles:
             if not isinstance(name, str) or not _ROLE_NAME.fullmatch(name):
                 raise ConfigError(
-                    _member(name), "role names may hold only letters, digits, '_' and '-'"
+                    key_member(name), "role names may hold only letters, digits, '_' and '-'"
                 )
         # `actor:` with nothing under it reads as null: a role with default settings.
         return {name: {} if role is None else role for name, role in roles.items()}
@@ -442,16 +442,6 @@ class ProfilerConfig(_Model):
     def to_yaml(self) -> str:
         """The resolved configuration (every key, defaults included) as YAML."""
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
-
-    @classmethod
-    def from_verl(cls, verl_cfg: Mapping[str, object]) -> ProfilerConfig:
-        """Map a verl trainer config (dict or OmegaConf DictConfig) onto aprof's config.
-
-        Raises ConfigError naming the verl key path when a key aprof maps is malformed.
-        """
-        from aprof._verl import from_verl  # the mapping needs this module's models
-
-        return from_verl(verl_cfg)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -474,7 +464,7 @@ def load_config(source: ConfigSource = None) -> ProfilerConfig:
     if source is None:
         data = {}
     elif isinstance(source, Mapping):
-        data = _plain(source)  # OmegaConf and other containers validate as dicts and lists do
+        data = to_plain(source)  # OmegaConf and other containers validate as dicts and lists do
     elif isinstance(source, os.PathLike):
         data = read_config_file(source)
     elif isinstance(source, str):
@@ -488,7 +478,7 @@ def load_config(source: ConfigSource = None) -> ProfilerConfig:
     if not isinstance(data, Mapping):
         plain_word = isinstance(source, str) and "\n" not in source
         hint = " (or the path of an existing file)" if plain_word else ""
-        raise ConfigError(None, f"the top level must be a mapping{hint}, got {_show(data)}")
+        raise ConfigError(None, f"the top level must be a mapping{hint}, got {show_value(data)}")
     return _validate(data)
 
 
@@ -550,8 +540,8 @@ def _parse_json(text: str, origin: str) -> object:
     except ConfigError as exc:  # from the hooks, which do not know the file
         raise ConfigError(origin, f"invalid JSON: {exc.reason}") from None
     except RecursionError:
-        raise ConfigError(origin, _too_deep()) from None  # as _plain says it
-    return _plain(data, origin)
+        raise ConfigError(origin, _too_deep()) from None  # as to_plain says it
+    return to_plain(data, origin)
 
 
 def _json_object(pairs: list[tuple[str, object]]) -> dict[str, object]:
@@ -611,7 +601,7 @@ class _Loader(yaml.SafeLoader):
             # What SafeLoader's scalar constructors raise on `!!int abc`, `!!bool x`, `!!float ''`,
             # `!!timestamp x` or the date 2001-02-30.
             tag = node.tag.removeprefix("tag:yaml.org,2002:")
-            reason = f"not a valid {tag}: {_show(node.value)}"
+            reason = f"not a valid {tag}: {show_value(node.value)}"
             raise yaml.constructor.ConstructorError(None, None, reason, node.start_mark) from None
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
@@ -645,10 +635,10 @@ def _parse_yaml(text: str, origin: str | None) -> object:
         problem = getattr(exc, "problem", None) or (str(exc).splitlines() or ["unreadable"])[0]
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         raise ConfigError(origin, f"invalid YAML{where}: {problem}") from None
-    return _plain(data, origin)
+    return to_plain(data, origin)
 
 
-def _plain(value: object, origin: str | None = None) -> object:
+def to_plain(value: object, origin: str | None = None) -> object:
     """OmegaConf containers (and any Mapping / Sequence) as plain dicts and lists.
 
     Raises ConfigError naming `origin` past MAX_VALUES values or MAX_DEPTH levels: a sub-object
@@ -678,7 +668,7 @@ def _validate(data: Mapping[Any, Any]) -> ProfilerConfig:
     try:
         return ProfilerConfig.model_validate(data)
     except ValidationError as exc:
-        raise _convert(exc, ProfilerConfig) from None
+        raise config_error(exc, ProfilerConfig) from None
     except (TypeError, KeyError, RecursionError) as exc:  # belt and braces: one error type out
         raise ConfigError(None, f"invalid configuration: {exc}") from None
 
@@ -688,12 +678,12 @@ def _validate(data: Mapping[Any, Any]) -> ProfilerConfig:
 # ---------------------------------------------------------------------------------------------
 
 
-def _convert(exc: ValidationError, root: type[BaseModel]) -> ConfigError:
+def config_error(exc: ValidationError, root: type[BaseModel]) -> ConfigError:
     """One ConfigError for a ValidationError: its first error, plus how many more there are."""
     errors = exc.errors(include_url=False)
     if not errors:
         return ConfigError(None, str(exc))
-    key, reason = _describe(errors[0], root)
+    key, reason = _key_and_reason(errors[0], root)
     if len(errors) > 1:
         reason += f" (and {len(errors) - 1} more)"
     return ConfigError(key or None, reason)
@@ -702,14 +692,14 @@ def _convert(exc: ValidationError, root: type[BaseModel]) -> ConfigError:
 def _key_path(loc: Sequence[int | str]) -> str:
     path = ""
     for part in loc:
-        member = f"[{part}]" if isinstance(part, int) else _member(part)
+        member = f"[{part}]" if isinstance(part, int) else key_member(part)
         path += member.removeprefix(".") if not path else member
     return path
 
 
-def _describe(error: ErrorDetails, root: type[BaseModel]) -> tuple[str, str]:
+def _key_and_reason(error: ErrorDetails, root: type[BaseModel]) -> tuple[str, str]:
     loc, kind, ctx = tuple(error["loc"]), error["type"], error.get("ctx") or {}
-    got = _show(error.get("input"))
+    got = show_value(error.get("input"))
     key = _key_path(loc)
     if kind == "value_error" and isinstance(ctx.get("error"), ConfigError):
         inner: ConfigError = ctx["error"]

@@ -23,15 +23,6 @@ from aprof._layout import OutputLayout, size_of
 from aprof._manifest import FileEntry, RankCapture, StopReason, WindowRecord
 
 
-class TargetState(enum.Enum):
-    """Where a target's capture session stands."""
-
-    IDLE = "idle"
-    STARTING = "starting"
-    ACTIVE = "active"
-    STOPPING = "stopping"
-
-
 class Phase(enum.Enum):
     """Where one window stands; requests are gated only in ``STARTING``."""
 
@@ -102,7 +93,6 @@ class TargetMachine:
         self._disk = disk
         self._changed = on_change
         self._note = on_note
-        self.state = TargetState.IDLE
         self._timeouts = timeouts
         self._limits = limits
         self._previous: WindowRun | None = None
@@ -141,7 +131,6 @@ class TargetMachine:
 
     def _enter_starting(self, run: WindowRun) -> None:
         run.phase = Phase.STARTING
-        self.state = TargetState.STARTING
         self._changed(run, "starting", None)
 
     async def _start(self, run: WindowRun, after: asyncio.Event | None) -> None:
@@ -174,7 +163,6 @@ class TargetMachine:
                 self._fail_start(run, "failed", f"start failed: {describe(exc)}")
                 return
             run.phase = Phase.ACTIVE
-            self.state = TargetState.ACTIVE
             run.record.started_ns = time.time_ns()
             if _bounded(run.window):
                 run.record.forward_steps.enforced_by = "aprof" if self.polls else "server"
@@ -205,7 +193,6 @@ class TargetMachine:
 
     def _fail_start(self, run: WindowRun, state: str, error: str) -> None:
         run.record.stop_reason = "error"
-        self.state = TargetState.IDLE
         run.released.set()  # no capture runs: the next window need not wait for a stop
         self._end(run, state, error=error)
 
@@ -284,7 +271,6 @@ class TargetMachine:
         if run.poll_task is not None:
             run.poll_task.cancel()
         run.phase = Phase.STOPPING
-        self.state = TargetState.STOPPING
         self._changed(run, "stopping", run.record.stop_reason)
         if self.polls and run.baseline is not None and run.record.stop_reason != "auto_stop":
             await self._read_counter(run)
@@ -295,8 +281,6 @@ class TargetMachine:
             self._end(run, "timeout", error=f"stop timed out after {self._timeouts.stop_s:g}s")
         except Exception as exc:
             self._end(run, "failed", error=f"stop failed: {describe(exc)}")
-        finally:
-            self.state = TargetState.IDLE
         return None
 
     async def _record_result(self, run: WindowRun, result: CaptureResult) -> None:

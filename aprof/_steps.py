@@ -37,11 +37,11 @@ class StepSelection:
     def __post_init__(self) -> None:
         if (self.explicit is None) == (self.every is None):
             raise ValueError("StepSelection needs exactly one of `explicit` and `every`")
-        if self.every is not None and not (_is_int(self.every) and self.every > 0):
+        if self.every is not None and not (is_int(self.every) and self.every > 0):
             raise ValueError(f"`every` must be a positive integer, got {self.every!r}")
         if self.explicit is not None:
             steps = self.explicit
-            if not all(_is_int(n) and n > 0 for n in steps) or any(
+            if not all(is_int(n) and n > 0 for n in steps) or any(
                 a >= b for a, b in pairwise(steps)
             ):
                 raise ValueError(f"`explicit` must be ascending positive integers, got {steps!r}")
@@ -60,12 +60,12 @@ class StepSelection:
             return cls(explicit=_parse_ranges(value, key))
         if isinstance(value, list | tuple):
             return cls(explicit=_parse_list(value, key))
-        if _is_int(value):
+        if is_int(value):
             return cls(explicit=(_positive(value, key),))
-        raise ConfigError(key, f"expected {_FORMS}, got {_show(value)}")
+        raise ConfigError(key, f"expected {_FORMS}, got {show_value(value)}")
 
     def __contains__(self, n: object) -> bool:
-        if not _is_int(n) or n < 1:
+        if not is_int(n) or n < 1:
             return False
         if self.every is not None:
             return n % self.every == 0
@@ -75,10 +75,6 @@ class StepSelection:
     def is_empty(self) -> bool:
         """True when no step is selected."""
         return self.every is None and not self.explicit
-
-    def first_of_run(self, n: int) -> bool:
-        """True if n is selected and n - 1 is not: where a run of consecutive steps begins."""
-        return n in self and (n - 1) not in self
 
     def last_of_run(self, n: int) -> bool:
         """True if n is selected and n + 1 is not: where a run of consecutive steps ends."""
@@ -101,17 +97,19 @@ class StepSelection:
         return f"StepSelection({str(self)!r})"
 
 
-def _is_int(value: object) -> TypeGuard[int]:
+def is_int(value: object) -> TypeGuard[int]:
+    """True for an int that is not a bool."""
     # bool is an int subclass, but `steps: true` is a mistake, not step 1.
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _show(value: object) -> str:
+def show_value(value: object) -> str:
+    """`value` as a config error message quotes it: YAML words, short reprs, or its type."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:
         return "null"
-    if _is_int(value) and abs(value) >= 10**40:
+    if is_int(value) and abs(value) >= 10**40:
         # Like long strings, cut short; past 4300 digits Python refuses to print it at all.
         return "an integer of more than 40 digits"
     if isinstance(value, int | float):
@@ -121,27 +119,27 @@ def _show(value: object) -> str:
     return f"a {type(value).__name__}"
 
 
-def _member(name: object) -> str:
+def key_member(name: object) -> str:
     """`name` as a key-path part: `.name`, or `['a\\nb']` when it would not read as one line."""
     return f".{name}" if isinstance(name, str) and name.isprintable() else f"[{name!r}]"
 
 
 def _positive(value: object, key: str) -> int:
-    if not _is_int(value):
-        raise ConfigError(key, f"expected a positive integer, got {_show(value)}")
+    if not is_int(value):
+        raise ConfigError(key, f"expected a positive integer, got {show_value(value)}")
     if value < 1:
         raise ConfigError(
-            key, f"must be a positive integer (steps are 1-based), got {_show(value)}"
+            key, f"must be a positive integer (steps are 1-based), got {show_value(value)}"
         )
     if value > MAX_INT:
-        raise ConfigError(key, f"must be <= {MAX_INT}, got {_show(value)}")
+        raise ConfigError(key, f"must be <= {MAX_INT}, got {show_value(value)}")
     return value
 
 
 def _parse_every(value: Mapping[object, object], key: str) -> int:
     for name in value:
         if name != "every":
-            raise ConfigError(key + _member(name), "unknown key; expected 'every'")
+            raise ConfigError(key + key_member(name), "unknown key; expected 'every'")
     if "every" not in value:
         raise ConfigError(key, "expected {every: k}, got an empty mapping")
     return _positive(value["every"], f"{key}.every")

@@ -11,11 +11,11 @@ from aprof._config import (
     NPU_CONTENTS,
     TORCH_CONTENTS,
     ProfilerConfig,
-    _convert,
-    _plain,
+    config_error,
+    to_plain,
 )
 from aprof._errors import ConfigError
-from aprof._steps import _show
+from aprof._steps import show_value
 
 _ACTOR = "actor_rollout_ref.actor.profiler"
 _ROLLOUT = "actor_rollout_ref.rollout.profiler"
@@ -44,13 +44,15 @@ class _VerlMap:
             if node is None:
                 return None
             if not isinstance(node, Mapping):
-                raise ConfigError(".".join(parts[:i]), f"expected a mapping, got {_show(node)}")
+                raise ConfigError(
+                    ".".join(parts[:i]), f"expected a mapping, got {show_value(node)}"
+                )
             node = node.get(part)
         # A raw verl YAML (not composed by Hydra) holds interpolations such as
         # `${oc.select:actor_rollout_ref.actor.profiler.enable,false}`; they mean "inherit".
         if isinstance(node, str) and node.startswith("${"):
             return None
-        return _plain(node)
+        return to_plain(node)
 
     def put(self, key: str, value: object, verl_path: str, *, keep_none: bool = False) -> None:
         """Set aprof's dotted `key` (skipped when None unless keep_none); note its verl origin."""
@@ -78,14 +80,18 @@ class _VerlMap:
 
 def _verl_int(value: object, path: str, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(path, f"expected an integer >= {minimum}, got {_show(value)}")
+        raise ConfigError(path, f"expected an integer >= {minimum}, got {show_value(value)}")
     return value
 
 
 def from_verl(verl_cfg: Mapping[str, object]) -> ProfilerConfig:
-    """aprof's config for a verl trainer config; ConfigError names the verl key at fault."""
+    """Map a verl trainer config (dict or OmegaConf DictConfig) onto aprof's config.
+
+    Keys aprof does not map are ignored. Raises ConfigError naming the verl key path when a key
+    aprof maps is malformed, or when `verl_cfg` is not a mapping.
+    """
     if not isinstance(verl_cfg, Mapping):
-        raise ConfigError(None, f"expected a verl config mapping, got {_show(verl_cfg)}")
+        raise ConfigError(None, f"expected a verl config mapping, got {show_value(verl_cfg)}")
     m = _VerlMap(verl_cfg)
     try:
         _map_global(m)
@@ -97,7 +103,7 @@ def from_verl(verl_cfg: Mapping[str, object]) -> ProfilerConfig:
         _map_rollout(m, tool)
         return ProfilerConfig.model_validate(m.data)
     except ValidationError as exc:
-        raise m.translate(_convert(exc, ProfilerConfig)) from None
+        raise m.translate(config_error(exc, ProfilerConfig)) from None
     except ConfigError as exc:
         raise m.translate(exc) from None
     except (TypeError, KeyError, AttributeError, RecursionError) as exc:  # one error type out
@@ -133,7 +139,7 @@ def _map_role(m: _VerlMap, role: str, path: str, tool: object) -> None:
     if block is None:
         return
     if not isinstance(block, Mapping):
-        raise ConfigError(path, f"expected a mapping, got {_show(block)}")
+        raise ConfigError(path, f"expected a mapping, got {show_value(block)}")
     m.put(f"roles.{role}", {}, path)
     # verl's role default is disabled, aprof's enabled: say it explicitly.
     enable = m.get(f"{path}.enable")
@@ -165,7 +171,7 @@ def _map_schedule(m: _VerlMap, tool: object) -> None:
     if tool != "torch" or schedule is None:
         return
     if not isinstance(schedule, Mapping):
-        raise ConfigError(path, f"expected a mapping, got {_show(schedule)}")
+        raise ConfigError(path, f"expected a mapping, got {show_value(schedule)}")
     if m.get(f"{path}.active") in (None, 0):
         return
     m.put("tool_config.torch.schedule", {}, path)
@@ -187,7 +193,7 @@ def _map_rollout(m: _VerlMap, tool: object) -> None:
     m.put("rollout.start", "on_step", _ROLLOUT)  # verl starts the engines when the step begins
     all_ranks, all_path = _inherited(m, "all_ranks")
     if all_ranks is not None and not isinstance(all_ranks, bool):
-        raise ConfigError(all_path, f"expected true or false, got {_show(all_ranks)}")
+        raise ConfigError(all_path, f"expected true or false, got {show_value(all_ranks)}")
     if all_ranks:
         m.put("rollout.replicas", "all", all_path)
     else:
@@ -212,7 +218,7 @@ def _replicas_of(m: _VerlMap, ranks: object, path: str) -> list[int]:
     if ranks is None:
         ranks = []
     if not isinstance(ranks, list):
-        raise ConfigError(path, f"expected a list, got {_show(ranks)}")
+        raise ConfigError(path, f"expected a list, got {show_value(ranks)}")
     width = 1
     for size in (
         "tensor_model_parallel_size",

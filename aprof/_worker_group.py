@@ -11,6 +11,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 
 from aprof._capture import CaptureResult, TargetKind, Window, WorkerCapture
 from aprof._config import ConfigSource, LimitsConfig, TimeoutsConfig, load_config
+from aprof._errors import describe
 from aprof._layout import check_name
 from aprof._logging import logger
 from aprof._worker import WorkerProfiler
@@ -213,7 +214,7 @@ class WorkerGroup:
             if timed_out:
                 error = f"{what} timed out after {limit_s:g}s"
             else:
-                error = f"{what} failed: {_describe(exc)}"
+                error = f"{what} failed: {describe(exc)}"
         logger.warning("aprof worker rank failed", role=self.role, rank=rank, error=error)
         return _Failure(error, timed_out)
 
@@ -236,11 +237,3 @@ class WorkerGroup:
 
 def _errors(captures: Sequence[WorkerCapture]) -> str:
     return "; ".join(f"rank {c.rank}: {c.error}" for c in captures)
-
-
-def _describe(exc: BaseException) -> str:
-    # Remote errors (Ray's) span many lines: one line keeps the manifest readable.
-    text = " ".join(str(exc).split())
-    if len(text) > 400:
-        text = text[:400] + "..."
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

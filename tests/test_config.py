@@ -8,6 +8,8 @@ import json
 import math
 import os
 import pickle
+import sys
+import types
 from pathlib import Path
 from typing import Any, get_args, get_origin
 
@@ -17,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
+import aprof
 from aprof._config import (
     MAX_ALIASES,
     MAX_CONFIG_BYTES,
@@ -28,8 +31,9 @@ from aprof._config import (
     RolloutConfig,
     load_config,
 )
-from aprof._errors import ConfigError
+from aprof._errors import MAX_DESCRIBED, ConfigError, describe
 from aprof._steps import StepSelection
+from aprof._verl import from_verl
 
 
 def error_of(source: object) -> ConfigError:
@@ -396,6 +400,35 @@ def test_config_error_pickles() -> None:
     again = pickle.loads(pickle.dumps(err))
     assert (again.key, again.reason, str(again)) == (err.key, err.reason, str(err))
     assert str(ConfigError(None, "bad")) == "bad"
+
+
+# --- describe: a failure in one line, as the manifest and LLMError hold it --------------------
+
+
+def test_describe_gives_type_and_message_on_one_line() -> None:
+    assert describe(RuntimeError("disk\n  full\t now")) == "RuntimeError: disk full now"
+    assert describe(TimeoutError()) == "TimeoutError"
+    assert describe(ValueError(" \n ")) == "ValueError"
+
+
+def test_describe_cuts_the_middle_of_a_long_message() -> None:
+    text = describe(OSError("start " + "x" * 5000 + " the end"))
+    assert len(text) == len("OSError: ") + MAX_DESCRIBED
+    assert text.startswith("OSError: start xxx") and text.endswith("xxx the end")
+    assert " ... " in text
+
+
+def test_describe_names_what_a_ray_task_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    class RayTaskError(Exception):  # what Ray raises for a remote exception
+        def __init__(self, cause: BaseException) -> None:
+            super().__init__("ray::Worker.begin() (pid=1)\n  File ...\nRuntimeError: boom")
+            self.cause = cause
+
+    fake = types.ModuleType("ray.exceptions")
+    fake.RayTaskError = RayTaskError  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "ray.exceptions", fake)
+    assert describe(RayTaskError(RuntimeError("boom"))) == "RuntimeError: boom"
+    assert describe(RuntimeError("boom")) == "RuntimeError: boom"
 
 
 # --- semantics of the models ---------------------------------------------------------------
@@ -972,8 +1005,13 @@ def verl_with(path: str, value: object) -> dict[str, Any]:
 _DELETE = object()
 
 
+def test_from_verl_is_public() -> None:
+    assert aprof.from_verl is from_verl
+    assert "from_verl" in aprof.__all__
+
+
 def test_from_verl_maps_every_field() -> None:
-    cfg = ProfilerConfig.from_verl(VERL)
+    cfg = from_verl(VERL)
     gp = cfg.global_profiler
     assert gp.tool == "torch"
     assert gp.steps == StepSelection.parse([1, 2, 5])
@@ -1000,7 +1038,7 @@ def test_from_verl_maps_every_field() -> None:
 
 
 def test_from_verl_rollout_inherits_actor() -> None:
-    cfg = ProfilerConfig.from_verl(verl_with("actor_rollout_ref.rollout.profiler", _DELETE))
+    cfg = from_verl(verl_with("actor_rollout_ref.rollout.profiler", _DELETE))
     assert cfg.rollout.enable is True
     assert cfg.rollout.replicas == [0]  # actor ranks [0, 1] both live in replica 0 (tp=2)
     assert (cfg.rollout.delay, cfg.rollout.forward_steps) == (0, None)
@@ -1009,20 +1047,20 @@ def test_from_verl_rollout_inherits_actor() -> None:
         "actor_rollout_ref.rollout.profiler.ranks",
         "${oc.select:actor_rollout_ref.actor.profiler.ranks,[]}",
     )
-    assert ProfilerConfig.from_verl(raw).rollout.replicas == [0]
+    assert from_verl(raw).rollout.replicas == [0]
 
 
 def test_from_verl_rollout_all_ranks_and_sizes() -> None:
-    cfg = ProfilerConfig.from_verl(verl_with("actor_rollout_ref.rollout.profiler.all_ranks", True))
+    cfg = from_verl(verl_with("actor_rollout_ref.rollout.profiler.all_ranks", True))
     assert cfg.rollout.replicas == "all"
     wide = verl_with("actor_rollout_ref.rollout.data_parallel_size", 2)  # W = 4
-    assert ProfilerConfig.from_verl(wide).rollout.replicas == [0]
+    assert from_verl(wide).rollout.replicas == [0]
     narrow = verl_with("actor_rollout_ref.rollout.tensor_model_parallel_size", None)  # W = 1
-    assert ProfilerConfig.from_verl(narrow).rollout.replicas == [0, 2, 3]
+    assert from_verl(narrow).rollout.replicas == [0, 2, 3]
 
 
 def test_from_verl_token_start_only() -> None:
-    cfg = ProfilerConfig.from_verl(
+    cfg = from_verl(
         verl_with("actor_rollout_ref.rollout.profiler.tool_config.torch.profile_token_end", None)
     )
     assert (cfg.rollout.delay, cfg.rollout.forward_steps) == (12, None)
@@ -1031,21 +1069,21 @@ def test_from_verl_token_start_only() -> None:
 def test_from_verl_nsys_discrete_from_global_block() -> None:
     cfg = verl_with("global_profiler.tool", "nsys")
     cfg["global_profiler"]["global_tool_config"]["nsys"]["discrete"] = True
-    mapped = ProfilerConfig.from_verl(cfg)
+    mapped = from_verl(cfg)
     assert mapped.global_profiler.tool == "nsys"
     assert all(role.discrete for role in mapped.roles.values())
     cfg["global_profiler"]["global_tool_config"]["nsys"]["discrete"] = "yes"
     with pytest.raises(ConfigError) as info:
-        ProfilerConfig.from_verl(cfg)
+        from_verl(cfg)
     assert info.value.key == "global_profiler.global_tool_config.nsys.discrete"
 
 
 def test_from_verl_minimal() -> None:
-    cfg = ProfilerConfig.from_verl({"global_profiler": {"steps": None}})
+    cfg = from_verl({"global_profiler": {"steps": None}})
     assert cfg.global_profiler.steps.is_empty
     assert cfg.roles == {}
     assert cfg.rollout.enable is False  # verl's profilers are off unless enabled
-    assert ProfilerConfig.from_verl({}) == cfg
+    assert from_verl({}) == cfg
 
 
 @pytest.mark.parametrize(
@@ -1074,14 +1112,14 @@ def test_from_verl_minimal() -> None:
 )
 def test_from_verl_wrong_type_names_verl_key(path: str, value: object) -> None:
     with pytest.raises(ConfigError) as info:
-        ProfilerConfig.from_verl(verl_with(path, value))
+        from_verl(verl_with(path, value))
     assert info.value.key is not None
     assert info.value.key.startswith(path), str(info.value)
 
 
 def test_from_verl_rejects_non_mapping() -> None:
     with pytest.raises(ConfigError):
-        ProfilerConfig.from_verl([1, 2])  # type: ignore[arg-type]
+        from_verl([1, 2])  # type: ignore[arg-type]
 
 
 VERL_KEYS = [
@@ -1106,7 +1144,7 @@ verl_trees = st.recursive(
 )
 def test_from_verl_fuzz(data: dict[str, Any]) -> None:
     with contextlib.suppress(ConfigError):
-        ProfilerConfig.from_verl(data)
+        from_verl(data)
 
 
 # --- the documentation matches the code -----------------------------------------------------

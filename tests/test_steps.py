@@ -64,13 +64,12 @@ def test_membership_ignores_non_ints() -> None:
     assert True not in sel  # a bool is not a step
 
 
-def test_runs() -> None:
+def test_last_of_run() -> None:
     sel = StepSelection.parse([1, 2, 5, 7, 8, 9])
     assert [n for n in range(1, 11) if sel.last_of_run(n)] == [2, 5, 9]
-    assert [n for n in range(1, 11) if sel.first_of_run(n)] == [1, 5, 7]
     assert not sel.last_of_run(3)  # not selected at all
     every2 = StepSelection.parse({"every": 2})
-    assert every2.last_of_run(4) and every2.first_of_run(4)
+    assert every2.last_of_run(4) and not every2.last_of_run(5)
 
 
 def test_canonical_forms() -> None:

@@ -6,20 +6,16 @@ and that module imports its framework when the tool is built.
 
 from __future__ import annotations
 
-import importlib
 from contextlib import AbstractContextManager
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from aprof.tools._requires import ToolUnavailableError
 
 if TYPE_CHECKING:
     from aprof._config import ProfilerConfig
 
 __all__ = ["CaptureTool", "ToolUnavailableError", "make_tool"]
-
-
-class ToolUnavailableError(RuntimeError):
-    """The configured capture tool cannot run on this machine; the message says why."""
 
 
 @runtime_checkable
@@ -74,23 +70,3 @@ def make_tool(config: ProfilerConfig) -> CaptureTool:
     from aprof.tools.npu import NPUTool
 
     return NPUTool(options.npu)
-
-
-def _require_torch(tool: str) -> ModuleType:
-    """The torch module, or ToolUnavailableError naming ``tool``."""
-    try:
-        return importlib.import_module("torch")
-    except ImportError as exc:
-        raise ToolUnavailableError(
-            f"{tool} needs the torch package (pip install 'aprof[torch]'): {exc}"
-        ) from None
-
-
-def _require_cuda(tool: str) -> ModuleType:
-    """The torch module when CUDA is usable, or ToolUnavailableError naming ``tool``."""
-    torch = _require_torch(tool)
-    if not torch.cuda.is_available():
-        raise ToolUnavailableError(
-            f"{tool} needs CUDA: torch.cuda.is_available() is False on this machine"
-        )
-    return torch

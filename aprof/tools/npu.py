@@ -9,7 +9,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from aprof.tools import ToolUnavailableError
+from aprof.tools._requires import ToolUnavailableError
 from aprof.tools._schedule import MiniBatches, cycle_stem
 
 if TYPE_CHECKING:

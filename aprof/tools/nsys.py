@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aprof._layout import size_of
-from aprof.tools import _require_cuda
+from aprof.tools._requires import require_cuda
 
 if TYPE_CHECKING:
     from aprof._config import NsysToolConfig, ProfilerConfig
@@ -84,7 +84,7 @@ class NsysTool:
     name = "nsys"
 
     def __init__(self, config: NsysToolConfig, reports: Path) -> None:
-        _require_cuda(self.name)
+        require_cuda(self.name)
         self.config = config
         self.reports = reports
         self.note: str | None = None

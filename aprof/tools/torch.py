@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aprof._safe_files import vacant
-from aprof.tools import _require_torch
+from aprof.tools._requires import require_torch
 from aprof.tools._schedule import MiniBatches, cycle_stem
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ class TorchTool:
     name = "torch"
 
     def __init__(self, config: TorchToolConfig) -> None:
-        _require_torch(self.name)
+        require_torch(self.name)
         import torch
 
         self.config = config

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aprof._safe_files import vacant
-from aprof.tools import _require_cuda
+from aprof.tools._requires import require_cuda
 
 if TYPE_CHECKING:
     from aprof._config import TorchMemoryToolConfig
@@ -26,7 +26,7 @@ class TorchMemoryTool:
     name = "torch_memory"
 
     def __init__(self, config: TorchMemoryToolConfig) -> None:
-        torch = _require_cuda(self.name)
+        torch = require_cuda(self.name)
         self.config = config
         self.note: str | None = None
         self._dir: Path | None = None

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import aprof
-from aprof import ConfigError, ProfilerConfig
+from aprof import ConfigError
 from aprof._config import ScheduleConfig
 from aprof.tools._schedule import MiniBatches
 
@@ -131,7 +131,7 @@ def verl(schedule: object, tool: str = "torch") -> dict[str, Any]:
 
 def test_from_verl_maps_the_torch_schedule() -> None:
     schedule = {"skip_first": 2, "wait": 1, "warmup": 1, "active": 3, "repeat": 2}
-    mapped = ProfilerConfig.from_verl(verl(schedule)).tool_config.torch.schedule
+    mapped = aprof.from_verl(verl(schedule)).tool_config.torch.schedule
     assert mapped == ScheduleConfig(**schedule)
 
 
@@ -145,7 +145,7 @@ def test_from_verl_maps_the_torch_schedule() -> None:
     ],
 )
 def test_from_verl_schedule_off(schedule: object, tool: str) -> None:
-    cfg = ProfilerConfig.from_verl(verl(schedule, tool))
+    cfg = aprof.from_verl(verl(schedule, tool))
     assert (cfg.tool_config.torch.schedule, cfg.tool_config.npu.schedule) == (None, None)
 
 
@@ -161,5 +161,5 @@ def test_from_verl_schedule_errors_name_the_verl_key(
     schedule: object, key: str, reason: str
 ) -> None:
     with pytest.raises(ConfigError) as caught:
-        ProfilerConfig.from_verl(verl(schedule))
+        aprof.from_verl(verl(schedule))
     assert (caught.value.key, caught.value.reason) == (key, reason)
