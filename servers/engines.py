@@ -14,13 +14,12 @@ import inspect
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import structlog
-
-from aprof import CaptureResult, TargetKind, Window
-from servers.launch import parse_version
+from aprof import CaptureResult, Window
+from servers._adapter import Adapter
 from servers.trace_files import (
     is_vllm_worker_trace,
     listing,
@@ -29,16 +28,27 @@ from servers.trace_files import (
     vllm_prefix,
     vllm_steps_in,
 )
+from servers.versions import Version, parse_version
 from servers.vllm import SAFE_EMPTY_STOP, delay_iterations
 
-_PREFIX_EVERY_START = (0, 30)  # vLLM 0.17-0.29 keep the first prefix of the engine's life
-_SGLANG_EXACT_STEPS = (0, 5, 20)  # SGLang: before, plain num_steps records one batch less
+_PREFIX_EVERY_START: Version = (0, 30, 0)  # vLLM 0.17-0.29 keep the first prefix of the engine
+_SGLANG_EXACT_STEPS: Version = (0, 5, 20)  # SGLang: before, plain num_steps records one less
 _SGLANG_ACTIVITIES = {"cpu": "CPU", "cuda": "GPU", "npu": "GPU", "memory": "MEM"}
+_LOGGER = "aprof.servers"
 
-logger = structlog.get_logger("aprof.servers")
+
+@dataclass(frozen=True, slots=True)
+class _VLLMCapture:
+    """A capture a ``VLLMEngine`` started and has not stopped."""
+
+    window: Window
+    started_ns: int
+    """Wall clock just before the start."""
+    before: dict[str, int] | None
+    """``profiler_dir`` entries (name -> mtime) at the start, when files are matched by time."""
 
 
-class VLLMEngine:
+class VLLMEngine(Adapter[_VLLMCapture]):
     """A vLLM ``AsyncLLM`` (or any ``EngineClient``) of this process as a rollout target.
 
     The engine must have been built with a torch ``profiler_config`` (with
@@ -48,9 +58,11 @@ class VLLMEngine:
     From vLLM 0.32 the engine bounds each window itself (``delay_iterations`` and
     ``max_iterations`` per call); before, windows run until the step ends (no forward counter
     in-process). ``version`` defaults to the installed vLLM's.
-    """
 
-    kind: TargetKind = "rollout"
+    ``start`` raises what the engine raises (not enabled, already active). ``stop`` is sent
+    also after the engine's auto-stop (vLLM needs it before the next start); it moves the
+    window's files into ``window.dir`` and counts the steps they hold.
+    """
 
     def __init__(
         self,
@@ -60,8 +72,7 @@ class VLLMEngine:
         version: str | None = None,
         profiler_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        self.name = f"replica_{replica}"
-        self.replica: int | None = replica
+        super().__init__(replica, logger=_LOGGER, engine="vllm")
         self._engine = engine
         self._version = parse_version(version or _installed_version("vllm"))
         accepted = inspect.signature(engine.start_profile).parameters
@@ -70,51 +81,32 @@ class VLLMEngine:
         """True when the engine takes per-call bounds (vLLM 0.32+)."""
         folder = profiler_dir or _engine_profiler_dir(engine)
         self._profiler_dir = Path(folder) if folder else None
-        self._lock = asyncio.Lock()
-        self._window: Window | None = None
-        self._started_ns = 0
-        self._before: dict[str, int] | None = None
-        self._unsure = False
-        """A start or stop was interrupted: the engine may still hold a session of ours."""
-        self._log = logger.bind(target=self.name, engine="vllm")
 
-    async def start(self, window: Window) -> None:
-        """Start the capture of ``window``; raises what the engine raises (not enabled,
-        already active) and RuntimeError if this target's previous capture is still open."""
-        async with self._lock:
-            if self._window is not None:
-                raise RuntimeError(f"{self.name}: the capture of {self._window.prefix} is open")
-            if self._unsure:
-                await self._clear_leftover()
-            kwargs: dict[str, object] = {}
-            if self._prefixed:
-                kwargs["profile_prefix"] = vllm_prefix(window.prefix)
-            if self.enforces_window:
-                kwargs["delay_iterations"] = delay_iterations(window.delay)
-                kwargs["max_iterations"] = window.forward_steps or 0  # 0: until the stop
-            self._before = None if self._by_prefix else await self._listing()
-            self._started_ns = time.time_ns()
-            try:
-                await self._engine.start_profile(**kwargs)
-            except (asyncio.CancelledError, TimeoutError):
-                self._unsure = True  # vLLM: a cancelled start may still take effect
-                raise
-            self._window = window
+    async def _start(self, window: Window) -> _VLLMCapture:
+        kwargs: dict[str, object] = {}
+        if self._prefixed:
+            kwargs["profile_prefix"] = vllm_prefix(window.prefix)
+        if self.enforces_window:
+            kwargs["delay_iterations"] = delay_iterations(window.delay)
+            kwargs["max_iterations"] = window.forward_steps or 0  # 0: until the stop
+        before = None if self._by_prefix else await self._listing()
+        started_ns = time.time_ns()
+        try:
+            await self._engine.start_profile(**kwargs)
+        except (asyncio.CancelledError, TimeoutError):
+            self._unsure = True  # vLLM: a cancelled start may still take effect
+            raise
+        return _VLLMCapture(window, started_ns, before)
 
-    async def stop(self, window: Window) -> CaptureResult:
-        """Stop the capture (also after the engine's auto-stop: vLLM needs it before the
-        next start), move its files into ``window.dir`` and count the steps they hold."""
-        async with self._lock:
-            if self._window != window:
-                raise RuntimeError(f"{self.name}: {window.prefix} is not this target's capture")
-            self._window = None
-            auto_stopped = self.enforces_window and bool(await self._worker_files_waiting(window))
-            try:
-                await self._engine.stop_profile()
-            except BaseException:
-                self._unsure = True
-                raise
-            return await self._collect(window, auto_stopped)
+    async def _stop(self, capture: _VLLMCapture) -> CaptureResult:
+        window = capture.window
+        auto_stopped = self.enforces_window and bool(await self._worker_files_waiting(window))
+        try:
+            await self._engine.stop_profile()
+        except BaseException:
+            self._unsure = True
+            raise
+        return await self._collect(capture, auto_stopped)
 
     async def forward_steps(self) -> int | None:
         """``None``: an in-process engine exports no forward-step counter."""
@@ -141,7 +133,8 @@ class VLLMEngine:
             self._log.warning("an interrupted call may have left a capture running")
         self._unsure = False
 
-    async def _collect(self, window: Window, auto_stopped: bool) -> CaptureResult:
+    async def _collect(self, capture: _VLLMCapture, auto_stopped: bool) -> CaptureResult:
+        window = capture.window
         source = self._profiler_dir
         if source is None:
             note = "the engine's trace folder is unknown: pass profiler_dir= to collect traces"
@@ -152,8 +145,8 @@ class VLLMEngine:
             source,
             window.dir,
             prefix,
-            self._before,
-            self._started_ns,
+            capture.before,
+            capture.started_ns,
             root=window.root,
         )
         if found is None:
@@ -173,7 +166,20 @@ class VLLMEngine:
         )
 
 
-class SGLangEngine:
+@dataclass(frozen=True, slots=True)
+class _SGLangCapture:
+    """A capture a ``SGLangEngine`` started and has not stopped."""
+
+    window: Window
+    scheduled: bool
+    """The capture was told to end (or begin) on its own."""
+    note: str | None
+    """What the start could not honour."""
+    begins: int | None
+    """The forward count of the capture's first batch, if a counter was given."""
+
+
+class SGLangEngine(Adapter[_SGLangCapture]):
     """A SGLang ``TokenizerManager`` of this process as a rollout target.
 
     Each window writes into its own folder (``output_dir``) and ends after ``num_steps``
@@ -185,9 +191,12 @@ class SGLangEngine:
 
     Both shapes of ``TokenizerManager.start_profile`` are handled, found from its signature:
     keyword arguments (up to 0.5.10, as verl calls it) and one ``ProfileReq`` (0.5.15+).
+
+    ``start`` raises the engine's RuntimeError when it refuses. ``stop`` is always sent
+    (the engine's "not in progress" after its own auto-stop is read as already stopped) and
+    lists the window's files.
     """
 
-    kind: TargetKind = "rollout"
     enforces_window = True
 
     def __init__(
@@ -200,64 +209,41 @@ class SGLangEngine:
         npu: bool = False,
         forward_counter: Callable[[], Awaitable[int | None]] | None = None,
     ) -> None:
-        self.name = f"replica_{replica}"
-        self.replica: int | None = replica
+        super().__init__(replica, logger=_LOGGER, engine="sglang")
         self._manager = tokenizer_manager
         self._version = parse_version(version or _installed_version("sglang"))
         self._keywords = set(inspect.signature(tokenizer_manager.start_profile).parameters)
         self._contents = set(contents)
         self._npu = npu
         self._counter = forward_counter
-        self._lock = asyncio.Lock()
-        self._window: Window | None = None
-        self._scheduled = False
-        """The open capture was told to end (or begin) on its own."""
-        self._note: str | None = None
-        self._begins: int | None = None
-        """The forward count of the capture's first batch, if a counter was given."""
-        self._limit: int | None = None
-        self._log = logger.bind(target=self.name, engine="sglang")
 
-    async def start(self, window: Window) -> None:
-        """Start the capture of ``window`` into ``window.dir``; raises the engine's
-        RuntimeError when it refuses, RuntimeError if this target's capture is still open."""
-        async with self._lock:
-            if self._window is not None:
-                raise RuntimeError(f"{self.name}: the capture of {self._window.prefix} is open")
-            fields, self._note = await self._fields(window)
-            if "output_dir" in self._keywords:  # keyword form (verl's call)
-                await self._manager.start_profile(
-                    **{k: v for k, v in fields.items() if k in self._keywords}
-                )
-            else:
-                await self._manager.start_profile(_profile_req(fields))
-            self._scheduled = "num_steps" in fields or "start_step" in fields
-            # The capture begins with the next batch, or at start_step.
-            counter = await self._counter_or_none()
-            begins = None if counter is None else max(counter + 1, _int(fields.get("start_step")))
-            self._begins = begins
-            self._limit = window.forward_steps
-            # Last: a start that raises must not leave the target holding a window no stop ends.
-            self._window = window
-
-    async def stop(self, window: Window) -> CaptureResult:
-        """Stop the capture (always sent: the engine's "not in progress" after its own
-        auto-stop is read as already stopped) and list its files."""
-        async with self._lock:
-            if self._window != window:
-                raise RuntimeError(f"{self.name}: {window.prefix} is not this target's capture")
-            self._window = None
-            auto_stopped = await self._send_stop()
-            files = await asyncio.to_thread(outputs, window.dir, self._npu)
-            note = self._note
-            if not files:
-                note = "; ".join(filter(None, [note, f"no trace files in {window.dir}"]))
-            return CaptureResult(
-                files=files,
-                forward_steps=await self._observed(),
-                auto_stopped=auto_stopped,
-                note=note,
+    async def _start(self, window: Window) -> _SGLangCapture:
+        fields, note = await self._fields(window)
+        if "output_dir" in self._keywords:  # keyword form (verl's call)
+            await self._manager.start_profile(
+                **{k: v for k, v in fields.items() if k in self._keywords}
             )
+        else:
+            await self._manager.start_profile(_profile_req(fields))
+        scheduled = "num_steps" in fields or "start_step" in fields
+        # The capture begins with the next batch, or at start_step.
+        counter = await self._counter_or_none()
+        begins = None if counter is None else max(counter + 1, _int(fields.get("start_step")))
+        return _SGLangCapture(window, scheduled, note, begins)
+
+    async def _stop(self, capture: _SGLangCapture) -> CaptureResult:
+        window = capture.window
+        auto_stopped = await self._send_stop(capture)
+        files = await asyncio.to_thread(outputs, window.dir, self._npu)
+        note = capture.note
+        if not files:
+            note = "; ".join(filter(None, [note, f"no trace files in {window.dir}"]))
+        return CaptureResult(
+            files=files,
+            forward_steps=await self._observed(capture),
+            auto_stopped=auto_stopped,
+            note=note,
+        )
 
     async def forward_steps(self) -> int | None:
         """The scheduler's forward count from ``forward_counter``, ``None`` without one."""
@@ -272,13 +258,14 @@ class SGLangEngine:
             self._log.warning("forward counter failed", error=repr(exc))
             return None
 
-    async def _observed(self) -> int | None:
+    async def _observed(self, capture: _SGLangCapture) -> int | None:
         """Batches the capture recorded, from the forward counter (``None`` without one)."""
         count = await self._counter_or_none()
-        if count is None or self._begins is None:
+        if count is None or capture.begins is None:
             return None
-        recorded = max(0, count - self._begins + 1)
-        return recorded if self._limit is None else min(recorded, self._limit)
+        recorded = max(0, count - capture.begins + 1)
+        limit = capture.window.forward_steps
+        return recorded if limit is None else min(recorded, limit)
 
     async def _fields(self, window: Window) -> tuple[dict[str, object], str | None]:
         fields: dict[str, object] = {
@@ -309,13 +296,13 @@ class SGLangEngine:
             fields["num_steps"] = steps
         return fields, note
 
-    async def _send_stop(self) -> bool:
+    async def _send_stop(self, capture: _SGLangCapture) -> bool:
         """Send the stop; True when the engine had already ended the capture itself."""
         try:
             await self._manager.stop_profile()
         except RuntimeError as exc:
             # "Profiling is not in progress": legitimate only for a capture told to end itself.
-            if self._scheduled and "not in progress" in str(exc):
+            if capture.scheduled and "not in progress" in str(exc):
                 self._log.info("stop refused: the engine had already ended the capture")
                 return True
             raise

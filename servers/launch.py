@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import sys
 from collections.abc import Callable, Sequence
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Literal, get_args
 
 from aprof import ProfilerConfig, load_config
 from servers.sglang import SGLangServer
+from servers.versions import Version, parse_version, version_text
 from servers.vllm import VLLMServer, delay_iterations
 
 if TYPE_CHECKING:
@@ -35,7 +35,6 @@ DEFAULT_PORTS: dict[Engine, int] = {
     "sglang-npu": 30000,
     "reference": 8000,
 }
-_VERSION = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?")
 
 
 @dataclass(frozen=True)
@@ -94,14 +93,6 @@ class LaunchSpec:
         if words:
             lines.append(shlex.join(words))
         return "".join(f"{line}\n" for line in lines)
-
-
-def parse_version(text: str) -> tuple[int, int, int]:
-    """``"0.13.0rc1"`` -> ``(0, 13, 0)``; ValueError for text that holds no X.Y version."""
-    match = _VERSION.match(text.strip())
-    if match is None:
-        raise ValueError(f"version: expected X.Y or X.Y.Z, got {text!r}")
-    return int(match[1]), int(match[2]), int(match[3] or 0)
 
 
 def launch_spec(
@@ -166,17 +157,13 @@ class _Prep:
 
     engine: Engine
     config: ProfilerConfig
-    version: tuple[int, int, int]
+    version: Version
     directory: Path
     dialect: Dialect
     env: dict[str, str] = field(default_factory=dict)
     args: list[str] = field(default_factory=list)
     launch_window: tuple[int, int] | None = None
     notes: list[str] = field(default_factory=list)
-
-    @property
-    def minor(self) -> tuple[int, int]:
-        return self.version[:2]
 
     @property
     def tool(self) -> str:
@@ -229,7 +216,7 @@ def _bit(on: bool) -> str:
 def _vllm(prep: _Prep) -> None:
     contents = prep.contents()
     nsys = prep.tool == "nsys"
-    if nsys and prep.minor < (0, 12):
+    if nsys and prep.version < (0, 12, 0):
         raise ValueError("tool nsys needs vLLM >= 0.12 (its cuda profiler mode)")
     if nsys:
         prep.notes.append(
@@ -237,23 +224,23 @@ def _vllm(prep: _Prep) -> None:
             "--capture-range-end repeat` with VLLM_WORKER_MULTIPROC_METHOD=spawn"
         )
     # Bounds go in at launch only where the version has them only there (0.12-0.31).
-    at_launch = (0, 12) <= prep.minor < (0, 32)
-    if prep.minor < (0, 12) and prep.config.rollout.forward_steps is not None:
+    at_launch = (0, 12, 0) <= prep.version < (0, 32, 0)
+    if prep.version < (0, 12, 0) and prep.config.rollout.forward_steps is not None:
         prep.notes.append("vLLM < 0.12 cannot bound a capture: aprof stops it by polling")
-    if prep.minor < (0, 16):  # read directly up to 0.12, bridged in 0.13-0.15
+    if prep.version < (0, 16, 0):  # read directly up to 0.12, bridged in 0.13-0.15
         env = {"VLLM_TORCH_CUDA_PROFILE": "1"} if nsys else _vllm_env(prep, contents)
         if at_launch:
             bounds = prep.bounds("VLLM_PROFILER_DELAY_ITERS", "VLLM_PROFILER_MAX_ITERS")
             env.update({key: str(value) for key, value in bounds.items()})
         prep.env.update(env)
-    if prep.minor >= (0, 13):
+    if prep.version >= (0, 13, 0):
         settings: dict[str, object] = (
             {"profiler": "cuda"} if nsys else _vllm_settings(prep, contents)
         )
         if at_launch:
             settings.update(prep.bounds("delay_iterations", "max_iterations"))
         prep.args += [_flag(key, value) for key, value in settings.items()]
-    if not nsys and prep.minor < (0, 31) and not {"cpu", "cuda"} <= contents:
+    if not nsys and prep.version < (0, 31, 0) and not {"cpu", "cuda"} <= contents:
         prep.notes.append("choosing activities needs vLLM >= 0.31: the platform default is used")
 
 
@@ -265,7 +252,7 @@ def _vllm_env(prep: _Prep, contents: set[str]) -> dict[str, str]:
         env["VLLM_TORCH_PROFILER_WITH_PROFILE_MEMORY"] = _bit("memory" in contents)
     else:
         prep.notes.append("vLLM < 0.10.2 has no stack/shapes/memory settings")
-    if prep.minor >= (0, 12):
+    if prep.version >= (0, 12, 0):
         env["VLLM_TORCH_PROFILER_USE_GZIP"] = _bit(prep.config.tool_config.torch.gzip)
         env["VLLM_TORCH_PROFILER_DISABLE_ASYNC_LLM"] = "1"  # see _NO_FRONTEND
     return env
@@ -284,16 +271,16 @@ def _vllm_settings(prep: _Prep, contents: set[str]) -> dict[str, object]:
     # Both activities are the platform default: name them only when one was left out, so a
     # CPU-only server is never asked for CUDA.
     activities = [name.upper() for name in ("cpu", "cuda") if name in contents]
-    if prep.minor >= (0, 31) and len(activities) == 1:
+    if prep.version >= (0, 31, 0) and len(activities) == 1:
         settings["torch_profiler_activities"] = activities
     return settings
 
 
 def _vllm_ascend(prep: _Prep) -> None:
     contents = prep.contents()
-    if prep.minor < (0, 16):  # these tags read VLLM_TORCH_PROFILER_DIR (bridged in 0.14-0.15)
+    if prep.version < (0, 16, 0):  # these tags read VLLM_TORCH_PROFILER_DIR (bridged in 0.14-0.15)
         prep.env["VLLM_TORCH_PROFILER_DIR"] = str(prep.directory)
-    if prep.minor < (0, 14):
+    if prep.version < (0, 14, 0):
         prep.notes.append(
             "vLLM-Ascend < 0.14 runs a fixed torch_npu profiler: contents and bounds are not "
             "configurable (0.13 also records memory)"
@@ -334,7 +321,7 @@ def _sglang(prep: _Prep) -> None:
 
 def _reference(prep: _Prep) -> None:
     prep.args += ["--profiler-dir", str(prep.directory)]
-    if prep.dialect == "vllm" and (0, 12) <= prep.minor < (0, 32):
+    if prep.dialect == "vllm" and (0, 12, 0) <= prep.version < (0, 32, 0):
         bounds = prep.bounds("--launch-delay-iterations", "--launch-max-iterations")
         for flag, value in bounds.items():
             prep.args += [flag, str(value)]
@@ -356,7 +343,7 @@ def _command(
     if prep.engine == "reference":
         command = [python, "-m", "aprof", "serve-reference", *where, "--dialect", prep.dialect]
         if prep.dialect == "vllm":
-            command += ["--vllm-version", ".".join(map(str, prep.version))]
+            command += ["--vllm-version", version_text(prep.version)]
         if model is not None:
             command += ["--model-name", model]
         return command + server_args

@@ -13,12 +13,9 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
-import structlog
-
-from aprof import CaptureResult, LimitsConfig, TargetKind, TimeoutsConfig, Window
-from aprof._errors import describe
-from servers._http import ServerClient, ServerError, restart_error
+from aprof import CaptureResult, Window
+from servers._adapter import HTTPAdapter
+from servers._http import ServerError
 from servers.trace_files import outputs
 
 FORWARD_METRIC = "sglang:num_forward_steps_total"
@@ -37,134 +34,56 @@ class _Capture:
     """The absolute ``start_step`` sent (a delayed start), if any."""
     note: str | None
     """What the start could not honour."""
-    counter: int | None = None
+    counter: int | None
     """The forward counter once the start was answered."""
 
 
-class SGLangServer:
+class SGLangServer(HTTPAdapter[_Capture]):
     """An SGLang server reached over HTTP, as the rollout capture target of one replica.
 
     ``api_key`` is sent as ``Authorization: Bearer`` (the admin key when the server has
     one). ``npu=True`` follows the Ascend build, whose torch_npu profiler writes
     ``*_ascend_pt`` folders, listed as the window's files.
+
+    ``start`` captures into ``window.dir`` on the server's file system; it raises
+    ``ServerError`` for a non-2xx answer (SGLang answers 500 when it refuses). ``stop``
+    lists the window's files; a stop that fails, and a server that restarted during the
+    window, give a result with ``error`` set and the files found all the same; it raises
+    ``TimeoutError`` when the stop is not answered within ``timeouts.stop_s``.
     """
 
-    kind: TargetKind = "rollout"
+    forward_metric = FORWARD_METRIC
 
     def __init__(
         self, base_url: str, *, replica: int, api_key: str | None = None, npu: bool = False
     ) -> None:
-        self.name = f"replica_{replica}"
-        self.replica: int | None = replica
+        super().__init__(base_url, replica=replica, api_key=api_key)
         self.enforces_window = True
         """SGLang ends each bounded window itself (``num_steps``)."""
         self.npu = npu
-        self._client = ServerClient(base_url, replica=replica, api_key=api_key)
-        self._lock = asyncio.Lock()
-        self._capture: _Capture | None = None
-        self._unsure = False
-        """A start or stop of ours was cut off: the server may still run our capture."""
-        self._log = structlog.get_logger("servers").bind(
-            server=self._client.base_url, replica=replica, target=self.name
-        )
 
-    async def open(self, timeouts: TimeoutsConfig, limits: LimitsConfig | None = None) -> None:
-        """Open the HTTP session."""
-        await self._client.open(timeouts, limits)
+    async def _start(self, window: Window) -> _Capture:
+        body, start_step, note = await self._start_body(window)
+        counter = await self._send_start(body)
+        return _Capture(window, window.forward_steps, start_step, note, counter)
 
-    async def aclose(self) -> None:
-        """Close the HTTP session, after one stop (bounded by ``timeouts.connect_s``) when a
-        start or stop of ours was cut off on the way: the run's last window leaves nothing
-        running."""
-        try:
-            async with self._lock:
-                if self._unsure:
-                    await self._clear_leftover(self._client.timeouts.connect_s)
-                    self._unsure = False
-        except Exception as exc:
-            self._log.warning("leftover capture not stopped", error=repr(exc))
-        finally:
-            await self._client.aclose()
-
-    async def start(self, window: Window) -> None:
-        """Start the capture of ``window`` into ``window.dir`` on the server's file system.
-
-        Raises ``ServerError`` for a non-2xx answer (SGLang answers 500 when it refuses) and
-        ``RuntimeError`` if a capture of this adapter is still active.
-        """
-        async with self._lock:
-            if self._capture is not None:
-                raise RuntimeError(
-                    f"{self.name}: the capture of {self._capture.window.prefix} is still active"
-                )
-            if self._unsure:
-                await self._clear_leftover(self._client.timeouts.start_s)
-            body, start_step, note = await self._start_body(window)
-            try:
-                await self._client.request(
-                    "POST", "/start_profile", json=body, timeout_s=self._client.timeouts.start_s
-                )
-            except (ServerError, aiohttp.ClientConnectorError):
-                raise  # answered, or never reached the server: nothing of ours started
-            except BaseException:
-                self._unsure = True  # cut off on the way: our capture may run untracked
-                raise
-            # Ours from here on: whatever happens next, a stop is sent for it.
-            capture = self._capture = _Capture(window, window.forward_steps, start_step, note)
-            self._unsure = False
-            try:
-                capture.counter = await self._client.metric_or_none(FORWARD_METRIC)
-            except BaseException:
-                # Cancelled: the caller counts the start as failed and will not stop it.
-                self._capture, self._unsure = None, True
-                raise
-
-    async def stop(self, window: Window) -> CaptureResult:
-        """Stop the capture of ``window`` and list its files.
-
-        A stop that fails, and a server that restarted during the window, give a result with
-        ``error`` set and the files found all the same. Raises ``RuntimeError`` when this
-        adapter did not start ``window`` (no stop is sent), ``TimeoutError`` when the stop
-        is not answered within ``timeouts.stop_s``.
-        """
-        async with self._lock:
-            capture = self._capture
-            if capture is None or capture.window != window:
-                raise RuntimeError(
-                    f"{self.name}: this adapter did not start {window.prefix}: nothing stopped"
-                )
-            # The capture is no longer one this adapter runs; until the stop is answered, a
-            # stop cut off on the way may leave it running.
-            self._capture = None
+    async def _result(
+        self, capture: _Capture, count: int | None, *, ended: bool, error: str | None
+    ) -> CaptureResult:
+        # A stop while a start_step capture is still pending answers 500 too, and the
+        # capture then still begins: it was never recorded, and the next start must
+        # first stop it (else that start answers 500 "already in progress").
+        pending = ended and not _begun(capture, count)
+        if pending:
             self._unsure = True
-            count = await self._client.metric_or_none(FORWARD_METRIC)
-            failure = None
-            try:
-                ended = await self._send_stop(capture)
-            except TimeoutError:
-                raise  # the profiler's own bound cuts it off the same way: a timed-out window
-            except Exception as exc:
-                ended, failure = False, f"stop failed: {describe(exc)}"
-            # A stop while a start_step capture is still pending answers 500 too, and the
-            # capture then still begins: it was never recorded, and the next start must
-            # first stop it (else that start answers 500 "already in progress").
-            pending = ended and not _begun(capture, count)
-            self._unsure = failure is not None or pending
-            files = await asyncio.to_thread(outputs, window.dir, self.npu)
-            return CaptureResult(
-                files=files,
-                forward_steps=_observed(capture, count),
-                auto_stopped=ended and not pending,
-                note=self._note(capture, files),
-                error=restart_error(capture.counter, count) or failure,
-            )
-
-    async def forward_steps(self) -> int | None:
-        """The forward-batch counter from ``GET /metrics``, ``None`` if the server has none.
-
-        Raises the HTTP errors of ``ServerClient.request``.
-        """
-        return await self._client.metric(FORWARD_METRIC)
+        files = await asyncio.to_thread(outputs, capture.window.dir, self.npu)
+        return CaptureResult(
+            files=files,
+            forward_steps=_observed(capture, count),
+            auto_stopped=ended and not pending,
+            note=self._note(capture, files),
+            error=error,
+        )
 
     async def _start_body(self, window: Window) -> tuple[dict[str, object], int | None, str | None]:
         """The start request's body, the ``start_step`` it holds and what it cannot honour."""
@@ -187,7 +106,7 @@ class SGLangServer:
         body["start_step"] = start_step = current + window.delay + 1
         return body, start_step, None
 
-    async def _clear_leftover(self, timeout_s: float) -> None:
+    async def _stop_leftover(self, timeout_s: float) -> None:
         """End what a start or stop of ours, cut off on the way, may have left running."""
         self._log.info("stopping what an interrupted call may have left running")
         try:
@@ -196,20 +115,13 @@ class SGLangServer:
             if exc.status != 500:  # 500: nothing was running
                 raise
 
-    async def _send_stop(self, capture: _Capture) -> bool:
-        """Send the stop; True when the server had already ended the capture itself."""
-        try:
-            await self._client.request(
-                "POST", "/stop_profile", timeout_s=self._client.timeouts.stop_s
-            )
-        except ServerError as exc:
-            # 500 is SGLang's answer to a stop with nothing running; only a capture the
-            # server was told to end (or begin) on its own may legitimately be gone.
-            scheduled = capture.num_steps is not None or capture.start_step is not None
-            if exc.status == 500 and scheduled:
-                self._log.info("stop answered 500: the server had already ended the capture")
-                return True
-            raise
+    def _ended_by_server(self, exc: ServerError, capture: _Capture) -> bool:
+        # 500 is SGLang's answer to a stop with nothing running; only a capture the
+        # server was told to end (or begin) on its own may legitimately be gone.
+        scheduled = capture.num_steps is not None or capture.start_step is not None
+        if exc.status == 500 and scheduled:
+            self._log.info("stop answered 500: the server had already ended the capture")
+            return True
         return False
 
     def _note(self, capture: _Capture, files: tuple[Path, ...]) -> str | None:

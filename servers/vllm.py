@@ -10,29 +10,23 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
-import structlog
-
-from aprof import CaptureResult, CountSource, LimitsConfig, TargetKind, TimeoutsConfig, Window
-from aprof._errors import describe
-from servers._http import ServerClient, ServerError, restart_error
+from aprof import CaptureResult, CountSource, LimitsConfig, TimeoutsConfig, Window
+from servers._adapter import HTTPAdapter
+from servers._http import ServerError
 from servers.trace_files import listing, relocate, vllm_prefix, vllm_steps_in
-
-Version = tuple[int, int]
-"""``(major, minor)`` of a vLLM release."""
+from servers.versions import Version, parse_version, version_text
 
 FORWARD_METRIC = "vllm:iteration_tokens_total_count"
 """Rises by one per engine step that produces output (the only step counter vLLM exports)."""
 
-_LAUNCH_BOUNDS: Version = (0, 12)  # VLLM_PROFILER_{DELAY,MAX}_ITERS, then ProfilerConfig
-_CONFIG_FLAG: Version = (0, 13)  # --profiler-config replaces VLLM_TORCH_PROFILER_DIR
-SAFE_EMPTY_STOP: Version = (0, 30)  # before: a stop with nothing running is a 500 or a crash
-_PER_CALL: Version = (0, 32)  # start body with prefix and bounds; 409 on a second start
+_LAUNCH_BOUNDS: Version = (0, 12, 0)  # VLLM_PROFILER_{DELAY,MAX}_ITERS, then ProfilerConfig
+_CONFIG_FLAG: Version = (0, 13, 0)  # --profiler-config replaces VLLM_TORCH_PROFILER_DIR
+SAFE_EMPTY_STOP: Version = (0, 30, 0)  # before: a stop with nothing running: 500 or a crash
+_PER_CALL: Version = (0, 32, 0)  # start body with prefix and bounds; 409 on a second start
 
 
 class ProfilingDisabledError(RuntimeError):
@@ -41,14 +35,6 @@ class ProfilingDisabledError(RuntimeError):
 
 class SessionConflictError(RuntimeError):
     """The server holds a profiling session aprof did not start (409); aprof leaves it alone."""
-
-
-def parse_version(text: str) -> Version:
-    """``(major, minor)`` of a version string such as ``"0.32.0+cpu"``; raises ``ValueError``."""
-    match = re.match(r"\s*v?(\d+)\.(\d+)", text)
-    if match is None:
-        raise ValueError(f"not a vLLM version: {text!r} (expected something like '0.32.0')")
-    return int(match.group(1)), int(match.group(2))
 
 
 def enable_hint(version: Version, profiler_dir: Path | None) -> str:
@@ -71,11 +57,11 @@ class _Capture:
     """Wall clock just before the start was sent."""
     before: dict[str, int] | None
     """``profiler_dir`` entries (name -> mtime) at the start, when files are matched by time."""
-    baseline: int | None = None
+    counter: int | None
     """The forward-step counter once the start was answered."""
 
 
-class VLLMServer:
+class VLLMServer(HTTPAdapter[_Capture]):
     """A vLLM server reached over HTTP, as the rollout capture target of one replica.
 
     ``version`` (``"0.32.0"``) is read from ``GET /version`` when the target opens if not
@@ -84,9 +70,17 @@ class VLLMServer:
     ``launch_window=(delay_iterations, max_iterations)`` declares the bounds a 0.12-0.31
     server was launched with: it then ends every window itself, and each window must ask
     for exactly those bounds. ``enforces_window`` is known once the target is open.
+
+    ``start`` raises ``ProfilingDisabledError`` (404), ``SessionConflictError`` (409),
+    ``ValueError`` when the window's bounds differ from ``launch_window``, ``ServerError``
+    for other answers. ``stop`` is sent also after a server-side auto-stop (vLLM needs it
+    before the next start) and moves the window's traces into its folder; a stop that fails,
+    and a server that restarted during the window, give a result with ``error`` set and the
+    files found all the same; it raises ``TimeoutError`` when the stop is not answered
+    within ``timeouts.stop_s``. Both raise ``RuntimeError`` before ``open``.
     """
 
-    kind: TargetKind = "rollout"
+    forward_metric = FORWARD_METRIC
 
     def __init__(
         self,
@@ -100,25 +94,16 @@ class VLLMServer:
     ) -> None:
         if launch_window is not None and (len(launch_window) != 2 or min(launch_window) < 0):
             raise ValueError(f"launch_window is (delay, max) with both >= 0, got {launch_window}")
-        self.name = f"replica_{replica}"
-        self.replica: int | None = replica
+        super().__init__(base_url, replica=replica, api_key=api_key)
         self.enforces_window = False
         """True when the server bounds each window itself (per call from 0.32, or at launch)."""
-        self._client = ServerClient(base_url, replica=replica, api_key=api_key)
         self._version = parse_version(version) if version is not None else None
         self._profiler_dir = Path(profiler_dir) if profiler_dir is not None else None
         self._launch_window = launch_window
-        self._lock = asyncio.Lock()
-        self._capture: _Capture | None = None
-        self._unsure = False
-        """A start or stop of ours was interrupted: the server may still hold our session."""
-        self._log = structlog.get_logger("servers").bind(
-            server=self._client.base_url, replica=replica, target=self.name
-        )
 
     @property
     def version(self) -> Version | None:
-        """The server's ``(major, minor)``, ``None`` until known."""
+        """The server's ``(major, minor, patch)``, ``None`` until known."""
         return self._version
 
     async def open(self, timeouts: TimeoutsConfig, limits: LimitsConfig | None = None) -> None:
@@ -127,7 +112,7 @@ class VLLMServer:
         Raises ``ValueError`` for an unreadable version or a ``launch_window`` the version
         cannot honour, and the HTTP errors of ``ServerClient.request``.
         """
-        await self._client.open(timeouts, limits)
+        await super().open(timeouts, limits)
         try:
             if self._version is None:
                 body = await self._client.get_json("/version", timeout_s=timeouts.start_s)
@@ -142,124 +127,37 @@ class VLLMServer:
             raise
         self._log.info(
             "vllm target open",
-            version=_text(self._version),
+            version=version_text(self._version),
             enforces_window=self.enforces_window,
         )
 
-    async def aclose(self) -> None:
-        """Close the HTTP session, after one stop (bounded by ``timeouts.connect_s``; not
-        before 0.30) when a start or stop of ours was cut off on the way: the run's last
-        window leaves nothing running."""
-        try:
-            async with self._lock:
-                if self._unsure and self._version is not None:
-                    await self._clear_leftover(self._version, self._client.timeouts.connect_s)
-                    self._unsure = False
-        except Exception as exc:
-            self._log.warning("leftover capture not stopped", error=repr(exc))
-        finally:
-            await self._client.aclose()
+    async def _start(self, window: Window) -> _Capture:
+        version = self._opened_version()
+        by_time = version < _PER_CALL and self._profiler_dir is not None
+        before = await asyncio.to_thread(listing, self._profiler_dir) if by_time else None
+        started_ns = time.time_ns()
+        counter = await self._send_start(self._start_body(window, version))
+        return _Capture(window, started_ns, before, counter)
 
-    async def start(self, window: Window) -> None:
-        """Start the capture of ``window``.
-
-        Raises ``ProfilingDisabledError`` (404), ``SessionConflictError`` (409), ``ValueError``
-        when the window's bounds differ from ``launch_window``, ``ServerError`` for other
-        answers, and ``RuntimeError`` if a capture of this adapter is still active.
-        """
-        async with self._lock:
-            version = self._opened_version()
-            if self._capture is not None:
-                raise RuntimeError(
-                    f"{self.name}: the capture of {self._capture.window.prefix} is still active"
-                )
-            self._check_launch_window(window)
-            if self._unsure:
-                await self._clear_leftover(version, self._client.timeouts.start_s)
-            by_time = version < _PER_CALL and self._profiler_dir is not None
-            before = await asyncio.to_thread(listing, self._profiler_dir) if by_time else None
-            started_ns = time.time_ns()
-            try:
-                await self._client.request(
-                    "POST",
-                    "/start_profile",
-                    json=self._start_body(window, version),
-                    timeout_s=self._client.timeouts.start_s,
-                )
-            except ServerError as exc:
-                raise self._explain(exc, version) from None
-            except aiohttp.ClientConnectorError:
-                raise  # never reached the server: nothing can have started
-            except BaseException:
-                self._unsure = True  # cut off on the way: our session may run untracked
-                raise
-            # Ours from here on: whatever happens next, a stop is sent for it.
-            capture = self._capture = _Capture(window, started_ns, before)
-            self._unsure = False
-            try:
-                capture.baseline = await self._client.metric_or_none(FORWARD_METRIC)
-            except BaseException:
-                # Cancelled: the caller counts the start as failed and will not stop it.
-                self._capture, self._unsure = None, True
-                raise
-
-    async def stop(self, window: Window) -> CaptureResult:
-        """Stop the capture of ``window`` (also after a server-side auto-stop: vLLM needs it
-        before the next start) and relocate its trace files.
-
-        A stop that fails, and a server that restarted during the window, give a result with
-        ``error`` set and the files found all the same. Raises ``RuntimeError`` when this
-        adapter did not start ``window`` (no stop is sent), ``TimeoutError`` when the stop
-        is not answered within ``timeouts.stop_s``.
-        """
-        async with self._lock:
-            version = self._opened_version()
-            capture = self._capture
-            if capture is None or capture.window != window:
-                raise RuntimeError(
-                    f"{self.name}: this adapter did not start {window.prefix}: nothing stopped"
-                )
-            # Whatever the stop's outcome, the session is no longer one this adapter runs;
-            # until the stop is answered, one cut off on the way may leave it running.
-            self._capture = None
-            self._unsure = True
-            count = await self._client.metric_or_none(FORWARD_METRIC)
-            failure = None
-            try:
-                await self._client.request(
-                    "POST", "/stop_profile", timeout_s=self._client.timeouts.stop_s
-                )
-            except TimeoutError:
-                raise  # the profiler's own bound cuts it off the same way: a timed-out window
-            except ServerError as exc:
-                failure = f"stop failed: {describe(self._explain(exc, version))}"
-            except Exception as exc:  # a dead server may still have left its traces
-                failure = f"stop failed: {describe(exc)}"
-            else:
-                self._unsure = False
-            files, note = await self._collect(capture, version)
-            observed, auto_stopped = self._observed(capture, count)
-            traced = await asyncio.to_thread(vllm_steps_in, files)
-            counted_from: CountSource | None
-            if traced is not None:  # what the capture holds beats the counter
-                observed, counted_from = traced, "trace"
-            else:
-                counted_from = None if observed is None else "counter"
-            return CaptureResult(
-                files=files,
-                forward_steps=observed,
-                counted_from=counted_from,
-                auto_stopped=auto_stopped,
-                note=note,
-                error=restart_error(capture.baseline, count) or failure,
-            )
-
-    async def forward_steps(self) -> int | None:
-        """The engine step counter from ``GET /metrics``, ``None`` if the metric is missing.
-
-        Raises the HTTP errors of ``ServerClient.request``.
-        """
-        return await self._client.metric(FORWARD_METRIC)
+    async def _result(
+        self, capture: _Capture, count: int | None, *, ended: bool, error: str | None
+    ) -> CaptureResult:
+        files, note = await self._collect(capture, self._opened_version())
+        observed, auto_stopped = self._observed(capture, count)
+        traced = await asyncio.to_thread(vllm_steps_in, files)
+        counted_from: CountSource | None
+        if traced is not None:  # what the capture holds beats the counter
+            observed, counted_from = traced, "trace"
+        else:
+            counted_from = None if observed is None else "counter"
+        return CaptureResult(
+            files=files,
+            forward_steps=observed,
+            counted_from=counted_from,
+            auto_stopped=auto_stopped,
+            note=note,
+            error=error,
+        )
 
     # -- protocol ---------------------------------------------------------------------------
 
@@ -270,11 +168,15 @@ class VLLMServer:
             return False
         if version < _LAUNCH_BOUNDS:
             raise ValueError(
-                f"vLLM {_text(version)} cannot bound captures at launch (0.12+): drop launch_window"
+                f"vLLM {version_text(version)} cannot bound captures at launch (0.12+): "
+                "drop launch_window"
             )
         return self._launch_window[1] > 0
 
-    def _check_launch_window(self, window: Window) -> None:
+    def _ready(self) -> None:
+        self._opened_version()
+
+    def _admit(self, window: Window) -> None:
         if not self.enforces_window or self._launch_window is None:
             return
         if self._opened_version() >= _PER_CALL:
@@ -300,12 +202,13 @@ class VLLMServer:
             "max_iterations": window.forward_steps or 0,  # 0: until /stop_profile
         }
 
-    def _explain(self, exc: ServerError, version: Version) -> Exception:
-        """The error a profile route's non-2xx answer stands for."""
+    def _explain(self, exc: ServerError) -> Exception:
         url = self._client.base_url
+        version = self._opened_version()
         if exc.status == 404:
             return ProfilingDisabledError(
-                f"profiling was not enabled at the launch of vLLM {_text(version)} at {url} "
+                f"profiling was not enabled at the launch of vLLM {version_text(version)} "
+                f"at {url} "
                 f"({exc.method} {exc.url} answered 404): "
                 + enable_hint(version, self._profiler_dir)
             )
@@ -322,10 +225,10 @@ class VLLMServer:
             )
         return exc
 
-    async def _clear_leftover(self, version: Version, timeout_s: float) -> None:
+    async def _stop_leftover(self, timeout_s: float) -> None:
         """End the session an interrupted start or stop of ours may have left running (the
         flag stays up until a start succeeds: a cut-off start may land after this stop)."""
-        if version < SAFE_EMPTY_STOP:
+        if self._opened_version() < SAFE_EMPTY_STOP:
             # A stop with nothing running answers 500 and may crash vLLM before 0.30.
             self._log.warning(
                 "an interrupted call may have left a capture running; not stopped on this version"
@@ -335,7 +238,7 @@ class VLLMServer:
             try:
                 await self._client.request("POST", "/stop_profile", timeout_s=timeout_s)
             except ServerError as exc:
-                raise self._explain(exc, version) from None
+                raise self._explain(exc) from None
 
     def _opened_version(self) -> Version:
         if self._version is None:
@@ -357,9 +260,9 @@ class VLLMServer:
 
     def _observed(self, capture: _Capture, count: int | None) -> tuple[int | None, bool]:
         """Forward steps the capture saw (counter delta) and whether the server ended it."""
-        if capture.baseline is None or count is None or count < capture.baseline:
+        if capture.counter is None or count is None or count < capture.counter:
             return None, False  # no counter, or the server restarted in between
-        delta = count - capture.baseline
+        delta = count - capture.counter
         bounds = self._server_bounds(capture.window)
         if bounds is None:
             return delta, False
@@ -417,7 +320,3 @@ def delay_iterations(skip: int) -> int:
 def skipped_steps(delay_iterations: int) -> int:
     """Engine steps vLLM skips for a ``delay_iterations`` value (the inverse of the above)."""
     return max(delay_iterations - 1, 0)
-
-
-def _text(version: Version) -> str:
-    return f"{version[0]}.{version[1]}"

@@ -15,15 +15,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-# Builds the parser itself, so the test does not depend on `aprof` having registered the
-# subcommand yet.
 ENTRY = """
-import argparse, sys
-from aprof.cli import serve_reference
-parser = argparse.ArgumentParser(prog="aprof")
-serve_reference.register(parser.add_subparsers(dest="command", required=True))
-args = parser.parse_args(sys.argv[1:])
-sys.exit(args.run(args))
+import sys
+from aprof.cli import main
+sys.exit(main())
 """
 
 
