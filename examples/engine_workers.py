@@ -26,7 +26,6 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from aprof import WorkerProfiler, staged
-from aprof._worker import CAPTURES_FILE
 
 VOCAB, HIDDEN, BATCH = 8, 32, 16
 JOB_TIMEOUT_S = 300.0
@@ -162,7 +161,8 @@ def main() -> None:
         sys.exit("training failed: " + "; ".join(failed))
 
     print(f"traces in {args.out}:")
-    for report in sorted(args.out.rglob(CAPTURES_FILE)):
+    # Each profiled rank folder holds captures.json: its wp.captures (see docs/workers.md).
+    for report in sorted(args.out.rglob("captures.json")):
         for capture in json.loads(report.read_text()):
             files = ", ".join(f["path"] for f in capture["files"]) or capture["error"]
             print(f"  {capture['state']:6} {files}")

@@ -25,6 +25,15 @@ def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     )
 
 
+def assert_quiet(done: subprocess.CompletedProcess[str], out: Path) -> None:
+    """The terminal shows aprof's lines only: torch's own lines (the trainer process's
+    output) go to the trainer's log file, which the demo names at the end."""
+    for noise in ("USDT:", "ERROR:", "UserWarning", "Traceback"):
+        assert noise not in done.stdout and noise not in done.stderr, noise
+    assert f"logs: {out / 'logs'} (replica_<r>.log: the servers; trainer.log: " in done.stdout
+    assert (out / "logs" / "trainer.log").is_file()
+
+
 def _trace_events(path: Path) -> list[dict[str, Any]]:
     with gzip.open(path, "rt") as f:
         events: list[dict[str, Any]] = json.load(f)["traceEvents"]
@@ -42,6 +51,7 @@ def test_demo_profiles_the_selected_steps(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "step 3/3: 4 rollouts (0 failed" in done.stderr
     assert "replica_1" in done.stdout and "timeline:" in done.stdout
+    assert_quiet(done, out)
     assert_windows(
         out,
         [
@@ -81,6 +91,7 @@ def test_demo_fully_async(tmp_path: Path) -> None:
         "--replicas", "1", "--concurrency", "4", "--forward-steps", "2", "--out", str(out),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+    assert_quiet(done, out)
     assert_windows(
         out,
         [

@@ -4,7 +4,8 @@ It launches ``--replicas`` reference servers (subprocesses), then runs ``--num-s
 steps: each step rolls out ``--concurrency`` multi-turn tool-calling agent loops over the
 replicas and trains a tiny policy on CPU. The ``--steps`` steps are profiled: a rollout window
 on every replica (auto-stopped by the server after ``--forward-steps`` engine forward steps)
-and a ``trainer`` role window around the policy update. Everything goes under ``--out``.
+and a ``trainer`` role window around the policy update. Everything goes under ``--out``; the
+servers' and the trainer's own output goes to log files under ``--out``/logs.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import itertools
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -33,20 +34,24 @@ from agentloop import (
     calculator,
     search,
 )
-from aprof._capture import CaptureTarget
-from aprof._config import ProfilerConfig, load_config
-from aprof._errors import ConfigError
-from aprof._logging import configure_logging
-from aprof._manifest import Manifest
-from aprof._scheduler import Profiler
-from aprof._worker import WorkerProfiler
-from aprof._worker_group import LocalWorker, WorkerGroup
-from aprof.cli.demo_trainer import Trainer
+from aprof import (
+    CaptureTarget,
+    ConfigError,
+    Manifest,
+    Profiler,
+    ProfilerConfig,
+    WorkerGroup,
+    configure_logging,
+    load_config,
+)
+from aprof.cli._demo_trainer import TrainerProcess
 from servers import LaunchError, VLLMServer, launch, launch_spec
 from servers.process import free_port
 
 REFERENCE_VERSION = "0.32.0"
 """The vLLM release the reference servers imitate: per-capture bounds, so they auto-stop."""
+TRAINER_LOG = "trainer.log"
+"""The trainer process's output (torch's own lines among it), in the run's ``logs`` folder."""
 PROMPTS = (
     "Add the numbers and look up what you need: ",
     "Plan the next tool call. ",
@@ -55,14 +60,8 @@ PROMPTS = (
 )
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the ``demo`` subcommand."""
-    parser = sub.add_parser(
-        "demo",
-        help="run a small profiled async RL loop and show what was captured",
-        description=__doc__.replace("``", "") if __doc__ else None,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``aprof demo``."""
     parser.add_argument(
         "--server",
         nargs="+",
@@ -87,7 +86,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "--out", type=Path, default=Path("aprof-demo"), help="output folder (default aprof-demo)"
     )
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -113,12 +111,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"aprof demo: {exc}", file=sys.stderr)
         return 1
     configure_logging(config.log.format, config.log.level)
+    logs = config.global_profiler.save_path / "logs"
     try:
-        manifest = asyncio.run(_main(args, config))
+        manifest = asyncio.run(_main(args, config, logs))
     except (LaunchError, _ServerError) as exc:
         print(f"aprof demo: {exc}", file=sys.stderr)
         return 1
+    except BrokenProcessPool:
+        print(
+            f"aprof demo: the trainer's process failed (see {logs / TRAINER_LOG})", file=sys.stderr
+        )
+        return 1
     _print_table(manifest, config.global_profiler.save_path)
+    servers = "replica_<r>.log: the servers; " if args.server[0] == "reference" else ""
+    print(f"logs: {logs} ({servers}{TRAINER_LOG}: the trainer, with torch's own lines)")
     return 0
 
 
@@ -146,18 +152,18 @@ def _check(args: argparse.Namespace) -> str | None:
     return None
 
 
-async def _main(args: argparse.Namespace, config: ProfilerConfig) -> Manifest:
+async def _main(args: argparse.Namespace, config: ProfilerConfig, logs: Path) -> Manifest:
     out = config.global_profiler.save_path
     async with contextlib.AsyncExitStack() as stack:
-        # Entered first, left last: the servers outlive the profiler's final stops.
-        urls, model, targets = await _servers(args, config, stack)
+        # Left last: the windows' final stops call into the trainer's process.
+        trainer = stack.enter_context(TrainerProcess(config, logs / TRAINER_LOG))
+        # Entered before the profiler, left after it: the servers outlive its final stops.
+        urls, model, targets = await _servers(args, config, logs, stack)
+        await trainer.ready()
         prof = Profiler(config)
         for target in targets:
             prof.add_target(target)
-        worker = WorkerProfiler(config, role="trainer", rank=0, world_size=1)
-        prof.add_target(WorkerGroup("trainer", [LocalWorker(worker)], config))
-        trainer = Trainer(worker)
-        thread = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="trainer"))
+        prof.add_target(WorkerGroup("trainer", [trainer], config))
         await stack.enter_async_context(prof)
         llm = await stack.enter_async_context(
             LLMClient(urls, prof=prof, model=model, timeout_s=120.0)
@@ -173,7 +179,7 @@ async def _main(args: argparse.Namespace, config: ProfilerConfig) -> Manifest:
                 began = time.monotonic()
                 async with prof.step(n):
                     batch = await runner.run_batch(itertools.islice(samples, args.concurrency))
-                    loss = await _train(trainer, batch, thread)
+                    loss = await _train(trainer, batch)
                 _progress(prof, n, args.num_steps, batch, loss, began)
         else:
             async with runner.stream(samples, max_staleness=1) as rollouts:
@@ -181,25 +187,24 @@ async def _main(args: argparse.Namespace, config: ProfilerConfig) -> Manifest:
                     began = time.monotonic()
                     async with prof.step(n):
                         batch = await rollouts.take(args.concurrency, timeout_s=120.0)
-                        loss = await _train(trainer, batch, thread)
+                        loss = await _train(trainer, batch)
                     _progress(prof, n, args.num_steps, batch, loss, began)
     return prof.manifest
 
 
 async def _servers(
-    args: argparse.Namespace, config: ProfilerConfig, stack: contextlib.AsyncExitStack
+    args: argparse.Namespace, config: ProfilerConfig, logs: Path, stack: contextlib.AsyncExitStack
 ) -> tuple[list[str], str | None, list[CaptureTarget]]:
     """The replicas' URLs, the model to ask for, and their capture targets."""
     kind, *urls = args.server
     if kind == "vllm":
         model = await _served_model(urls[0])
         return urls, model, [VLLMServer(url, replica=r) for r, url in enumerate(urls)]
-    logs = config.global_profiler.save_path / "logs"
     specs = [
         launch_spec("reference", config, version=REFERENCE_VERSION, port=free_port())
         for _ in range(args.replicas)
     ]
-    _say(f"launching {len(specs)} reference servers (logs in {logs})")
+    _say(f"launching {len(specs)} reference servers and the trainer (logs in {logs})")
     launched = await asyncio.gather(
         *(launch(spec, log_path=logs / f"replica_{r}.log") for r, spec in enumerate(specs)),
         return_exceptions=True,
@@ -242,14 +247,11 @@ def _reward(traj: Trajectory) -> float:
     return sum(r.ok for r in results) / len(results) if results else 0.0
 
 
-async def _train(trainer: Trainer, batch: Sequence[Trajectory], thread: Executor) -> float:
+async def _train(trainer: TrainerProcess, batch: Sequence[Trajectory]) -> float:
     done = [traj for traj in batch if traj.ok]
-    texts = [traj.response for traj in done]
-    # Off the event loop: the policy update is CPU-bound and the rollouts (fully-async) go on.
-    # Always the same thread: torch's profiler wants every capture on the thread of its first.
-    return await asyncio.get_running_loop().run_in_executor(
-        thread, trainer.update, texts, [_reward(t) for t in done]
-    )
+    # In the trainer's process: the policy update is CPU-bound and the rollouts (fully-async)
+    # go on meanwhile.
+    return await trainer.update([traj.response for traj in done], [_reward(t) for t in done])
 
 
 def _progress(

@@ -1,4 +1,10 @@
-"""``aprof launch-args``: the environment and arguments that enable profiling on a server."""
+"""``aprof launch-args``: the environment and arguments that enable profiling on a server.
+
+Print, shell-ready, what a server launch needs so that aprof can profile it as CONFIG says:
+`export K=V` lines, then the arguments to append to the server's command line (or, with
+--command, the whole command). Lines starting with '#' name settings this engine and version
+cannot apply.
+"""
 
 from __future__ import annotations
 
@@ -6,22 +12,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from aprof._errors import ConfigError
-from servers.launch import ENGINES, launch_spec
+from aprof import ConfigError
+from servers import launch_spec
+from servers.launch import ENGINES
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the ``launch-args`` subcommand."""
-    parser = sub.add_parser(
-        "launch-args",
-        help="print the env and args that launch a server ready for profiling",
-        description=(
-            "Print, shell-ready, what a server launch needs so that aprof can profile it as "
-            "CONFIG says: `export K=V` lines, then the arguments to append to the server's "
-            "command line (or, with --command, the whole command). Lines starting with '#' "
-            "name settings this engine and version cannot apply."
-        ),
-    )
+def arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``aprof launch-args``."""
     parser.add_argument("config", metavar="CONFIG", nargs="?", help="aprof config file")
     parser.add_argument("--engine", required=True, choices=ENGINES, help="server kind")
     parser.add_argument("--version", required=True, help="engine version, e.g. 0.12.0")
@@ -36,7 +33,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--model", help="model path or name (completes the command)")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (default: the engine's)")
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,4 +1,8 @@
-"""``aprof npu-analyse DIR``: parse raw Ascend captures offline, off the training run."""
+"""``aprof npu-analyse DIR``: parse raw Ascend captures offline, off the training run.
+
+Run torch_npu's offline analysis over DIR: a window folder, a step folder or a whole save_path
+holding *_ascend_pt capture folders. Needs torch_npu.
+"""
 
 from __future__ import annotations
 
@@ -12,21 +16,12 @@ from aprof.tools.npu import analyse
 RAW_SUFFIX = "_ascend_pt"
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the ``npu-analyse`` subcommand."""
-    parser = sub.add_parser(
-        "npu-analyse",
-        help="parse raw *_ascend_pt captures (analysis: false) into readable results",
-        description=(
-            "Run torch_npu's offline analysis over DIR: a window folder, a step folder or a "
-            "whole save_path holding *_ascend_pt capture folders. Needs torch_npu."
-        ),
-    )
+def arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``aprof npu-analyse``."""
     parser.add_argument("dir", metavar="DIR", type=Path, help="folder holding *_ascend_pt data")
     parser.add_argument(
         "--workers", type=int, default=None, help="parallel parser processes (torch_npu's default)"
     )
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

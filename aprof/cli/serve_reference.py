@@ -1,4 +1,8 @@
-"""``aprof serve-reference``: run the embedded reference server until SIGINT or SIGTERM."""
+"""``aprof serve-reference``: run the embedded reference server until SIGINT or SIGTERM.
+
+Serve a tiny real model with continuous batching and the profiling routes of vLLM (per version)
+or SGLang, until SIGINT or SIGTERM.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from aprof._logging import configure_logging
+from aprof import configure_logging
 from servers.reference import Faults, ReferenceConfig, serve
 
 _FLAGS = {
@@ -27,16 +31,8 @@ _FLAGS = {
 }
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the ``serve-reference`` subcommand."""
-    parser = sub.add_parser(
-        "serve-reference",
-        help="run the embedded reference inference server (vLLM or SGLang dialect)",
-        description=(
-            "Serve a tiny real model with continuous batching and the profiling routes of "
-            "vLLM (per version) or SGLang, until SIGINT or SIGTERM."
-        ),
-    )
+def arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``aprof serve-reference``."""
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     parser.add_argument(
         "--port", type=int, default=8000, help="port, 0 = a free one (default 8000)"
@@ -102,7 +98,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "--log-level", choices=("debug", "info", "warning", "error"), default="info"
     )
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,4 +1,9 @@
-"""``aprof validate CONFIG``: check a config file and print it fully resolved."""
+"""``aprof validate CONFIG``: check a config file and print it fully resolved.
+
+Validate an aprof config file (YAML or JSON) and print it with every default filled in, after a
+comment line naming the timeline recorder this install runs. Exits 1 with one line naming the
+key and the reason on bad input.
+"""
 
 from __future__ import annotations
 
@@ -7,27 +12,24 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from aprof._config import ProfilerConfig, load_config, read_config_file
-from aprof._errors import ConfigError
+from aprof import (
+    ConfigError,
+    ProfilerConfig,
+    from_verl,
+    load_config,
+    read_config_file,
+    timeline_backend,
+)
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the ``validate`` subcommand."""
-    parser = sub.add_parser(
-        "validate",
-        help="check a config file and print the resolved config",
-        description=(
-            "Validate an aprof config file (YAML or JSON) and print it with every default "
-            "filled in. Exits 1 with one line naming the key and the reason on bad input."
-        ),
-    )
+def arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``aprof validate``."""
     parser.add_argument("config", metavar="CONFIG", help="config file (.yaml, .yml or .json)")
     parser.add_argument(
         "--verl",
         action="store_true",
         help="read CONFIG as a verl trainer config and print the aprof config it maps to",
     )
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
         message = str(exc).replace("\r", "\\r").replace("\n", "\\n")
         print(f"aprof validate: {message}", file=sys.stderr)
         return 1
-    sys.stdout.write(config.to_yaml())
+    # A YAML comment: the output stays a config that loads.
+    sys.stdout.write(f"# timeline: {timeline_backend()} recorder\n{config.to_yaml()}")
     return 0
 
 
@@ -49,4 +52,4 @@ def _load(path: Path, *, verl: bool) -> ProfilerConfig:
     data = read_config_file(path)
     if not isinstance(data, Mapping):
         raise ConfigError(str(path), "a verl config must be a mapping at the top level")
-    return ProfilerConfig.from_verl(data)
+    return from_verl(data)
