@@ -60,3 +60,20 @@ def e2e_vllm(session: nox.Session) -> None:
     )
     session.install("-e", ".", "pytest", "pytest-asyncio")
     session.run("python", "-m", "pytest", "e2e", *session.posargs)
+
+
+@nox.session(python="3.11", default=False)
+def e2e_sglang(session: nox.Session) -> None:
+    """Real SGLang 0.5.23 on CPU end to end; minutes, about 3 GiB: not a default session."""
+    recipe = "e2e/sglang_env"
+    # sglang pins a CUDA torch and CUDA-only kernels: its runtime deps go in by hand, under a
+    # constraint that keeps the CPU torch (the list and what it leaves out: requirements.txt).
+    cpu_torch = ("-c", f"{recipe}/constraints.txt")
+    session.install("-r", f"{recipe}/requirements.txt", *cpu_torch)
+    # timm's own requirements would pull another torchvision; both need nothing more.
+    session.install("--no-deps", "sglang==0.5.23", "timm==1.0.25")
+    session.run("python", f"{recipe}/guard_torchvision.py")
+    session.install("-e", ".", "pytest", "pytest-asyncio", *cpu_torch)
+    # The vLLM tests' conftest one folder up refuses to load without vLLM.
+    args = ("--confcutdir", "e2e/real_sglang", "e2e/real_sglang")
+    session.run("python", "-m", "pytest", *args, *session.posargs)

@@ -62,6 +62,10 @@ class LaunchSpec:
     ``delay_iterations`` D skips D - 1 steps (``servers.vllm.delay_iterations``)."""
     notes: tuple[str, ...] = ()
     """Settings of the config this engine and version cannot apply at launch, and why."""
+    with_stack: bool = False
+    """SGLang: ``with_stack`` the adapter sends in each start (``stack`` in the contents)."""
+    record_shapes: bool = False
+    """SGLang: ``record_shapes`` the adapter sends in each start (``shapes`` in the contents)."""
 
     @property
     def base_url(self) -> str:
@@ -82,7 +86,13 @@ class LaunchSpec:
                 launch_window=self.launch_window,
             )
         return SGLangServer(
-            self.base_url, replica=replica, api_key=api_key, npu=self.engine == "sglang-npu"
+            self.base_url,
+            replica=replica,
+            api_key=api_key,
+            npu=self.engine == "sglang-npu",
+            version=self.version if self.engine != "reference" else None,
+            with_stack=self.with_stack,
+            record_shapes=self.record_shapes,
         )
 
     def shell(self, *, command: bool = False) -> str:
@@ -143,6 +153,8 @@ def launch_spec(
         dialect=dialect,
         launch_window=prep.launch_window,
         notes=tuple(prep.notes),
+        with_stack=prep.with_stack,
+        record_shapes=prep.record_shapes,
     )
 
 
@@ -164,6 +176,8 @@ class _Prep:
     args: list[str] = field(default_factory=list)
     launch_window: tuple[int, int] | None = None
     notes: list[str] = field(default_factory=list)
+    with_stack: bool = False
+    record_shapes: bool = False
 
     @property
     def tool(self) -> str:
@@ -301,6 +315,10 @@ def _vllm_ascend(prep: _Prep) -> None:
         prep.notes.append("vLLM-Ascend ignores record_shapes")
 
 
+_SGLANG_OBSERVED: Version = (0, 5, 0)
+"""The SGLang releases whose launch flags were checked (on 0.5.23)."""
+
+
 def _sglang(prep: _Prep) -> None:
     contents = prep.contents()
     # The per-call output_dir wins; this is the folder of captures started by anyone else.
@@ -310,6 +328,17 @@ def _sglang(prep: _Prep) -> None:
         prep.env["SGLANG_PROFILE_WITH_STACK"] = "false"
     if "shapes" not in contents:
         prep.env["SGLANG_PROFILE_RECORD_SHAPES"] = "false"
+    prep.with_stack, prep.record_shapes = "stack" in contents, "shapes" in contents
+    if prep.version >= _SGLANG_OBSERVED:
+        # --sleep-on-idle: an idle scheduler busy-loops without it, and a capture left open
+        # on an idle server grew to 20 GB in seconds (0.5.23, observed). --enable-metrics:
+        # the forward counter (sglang:cuda_graph_passes_total) that delays and counts need.
+        prep.args += ["--sleep-on-idle", "--enable-metrics"]
+    else:
+        prep.notes.append(
+            "add --sleep-on-idle and --enable-metrics if this SGLang has them (checked on 0.5.x): "
+            "an idle scheduler busy-loops, and the adapter reads its forward counter from /metrics"
+        )
     if prep.tool == "nsys":
         prep.notes.append(
             "run the server under `nsys profile --capture-range=cudaProfilerApi "

@@ -4,7 +4,10 @@ Each window writes into its own folder (``output_dir``) and ends after ``num_ste
 batches on the server. A delay is a ``start_step`` computed from the forward counter read just
 before the start, never a stale absolute one. A stop is always sent, also after the server's
 own auto-stop; for a capture the server was told to end (or begin) on its own, its 500 means
-"already stopped".
+"already stopped". The facts (checked against a real SGLang 0.5.23 server): the forward
+counter is ``sglang:cuda_graph_passes_total`` summed over its modes (``--enable-metrics``);
+each forward pass is one ``step[...]`` annotation in the trace; the version is the
+``"version"`` of ``/server_info`` (``/version`` is 404).
 """
 
 from __future__ import annotations
@@ -13,14 +16,18 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
-from aprof import CaptureResult, Window
+from aprof import CaptureResult, CountSource, LimitsConfig, TimeoutsConfig, Window
 from servers._adapter import HTTPAdapter
 from servers._http import ServerError
-from servers.trace_files import outputs
+from servers.trace_files import outputs, sglang_steps_in
+from servers.versions import Version, parse_version, version_text
 
-FORWARD_METRIC = "sglang:num_forward_steps_total"
-"""The scheduler's forward-batch counter (``forward_ct``) as the reference server exports it.
-Released SGLang exports no such counter: a delay is then not applied (the result says so)."""
+FORWARD_METRIC = "sglang:cuda_graph_passes_total"
+"""Forward passes by mode (``mode="prefill_none"``, ``"decode_none"``, ...), counted also with
+CUDA graphs off; summed over modes it is the forward-step counter (SGLang exports none named
+so). Needs ``--enable-metrics``; without it a delay is not applied (the result says so)."""
+INFO_PATHS = ("/server_info", "/get_server_info")
+"""Where SGLang reports its settings and ``"version"`` (the older name second)."""
 
 
 @dataclass(slots=True)
@@ -43,24 +50,83 @@ class SGLangServer(HTTPAdapter[_Capture]):
 
     ``api_key`` is sent as ``Authorization: Bearer`` (the admin key when the server has
     one). ``npu=True`` follows the Ascend build, whose torch_npu profiler writes
-    ``*_ascend_pt`` folders, listed as the window's files.
+    ``*_ascend_pt`` folders, listed as the window's files. ``version`` (``"0.5.23"``) is
+    read from ``GET /server_info`` when the target opens if not given. ``with_stack`` and
+    ``record_shapes`` are sent in every start (both off unless asked: the server's
+    defaults, on, bloat traces).
 
     ``start`` captures into ``window.dir`` on the server's file system; it raises
     ``ServerError`` for a non-2xx answer (SGLang answers 500 when it refuses). ``stop``
     lists the window's files; a stop that fails, and a server that restarted during the
     window, give a result with ``error`` set and the files found all the same; it raises
-    ``TimeoutError`` when the stop is not answered within ``timeouts.stop_s``.
+    ``TimeoutError`` when the stop is not answered within ``timeouts.stop_s``. A start is
+    refused (``RuntimeError``, nothing sent) while this adapter holds a capture: a second
+    start on SGLang would silently restart the running capture.
     """
 
     forward_metric = FORWARD_METRIC
 
     def __init__(
-        self, base_url: str, *, replica: int, api_key: str | None = None, npu: bool = False
+        self,
+        base_url: str,
+        *,
+        replica: int,
+        api_key: str | None = None,
+        npu: bool = False,
+        version: str | None = None,
+        with_stack: bool = False,
+        record_shapes: bool = False,
     ) -> None:
         super().__init__(base_url, replica=replica, api_key=api_key)
         self.enforces_window = True
         """SGLang ends each bounded window itself (``num_steps``)."""
         self.npu = npu
+        self.with_stack = with_stack
+        """Sent as ``with_stack`` in every start (the server's default is True)."""
+        self.record_shapes = record_shapes
+        """Sent as ``record_shapes`` in every start (the server's default is True)."""
+        self._version = parse_version(version) if version is not None else None
+
+    @property
+    def version(self) -> Version | None:
+        """The server's ``(major, minor, patch)``; ``None`` when not given and unreadable."""
+        return self._version
+
+    async def open(self, timeouts: TimeoutsConfig, limits: LimitsConfig | None = None) -> None:
+        """Open the HTTP session and read the version from ``GET /server_info`` (else
+        ``/get_server_info``) if it was not given. Nothing depends on the version yet: one
+        that cannot be read is logged and left unknown."""
+        await super().open(timeouts, limits)
+        try:
+            if self._version is None:
+                self._version = await self._read_version(timeouts.start_s)
+        except BaseException:
+            # A target whose open failed is never closed by the profiler: close the session.
+            await self._client.aclose()
+            raise
+        self._log.info(
+            "sglang target open",
+            version=version_text(self._version) if self._version is not None else None,
+        )
+
+    async def _read_version(self, timeout_s: float) -> Version | None:
+        failures = []
+        for path in INFO_PATHS:
+            try:
+                body = await self._client.get_json(path, timeout_s=timeout_s)
+                text = body.get("version") if isinstance(body, dict) else None
+                if not isinstance(text, str):
+                    raise ValueError(f"{path} gave no version")
+                return parse_version(text)
+            except ServerError as exc:
+                failures.append(f"{path}: {exc.status}")
+                if exc.status != 404:
+                    break
+            except Exception as exc:  # unreachable, not JSON, no version: unknown
+                failures.append(f"{path}: {exc!r}")
+                break
+        self._log.warning("sglang version unknown", failures=failures)
+        return None
 
     async def _start(self, window: Window) -> _Capture:
         body, start_step, note = await self._start_body(window)
@@ -77,9 +143,18 @@ class SGLangServer(HTTPAdapter[_Capture]):
         if pending:
             self._unsure = True
         files = await asyncio.to_thread(outputs, capture.window.dir, self.npu)
+        # What the traces hold beats the counter; a server that restarted lost the capture.
+        restarted = capture.counter is not None and count is not None and count < capture.counter
+        counted = not (self.npu or restarted)
+        traced = await asyncio.to_thread(sglang_steps_in, files) if counted else None
+        observed = traced if traced is not None else _observed(capture, count)
+        counted_from: CountSource | None = (
+            "trace" if traced is not None else None if observed is None else "counter"
+        )
         return CaptureResult(
             files=files,
-            forward_steps=_observed(capture, count),
+            forward_steps=observed,
+            counted_from=counted_from,
             auto_stopped=ended and not pending,
             note=self._note(capture, files),
             error=error,
@@ -91,8 +166,10 @@ class SGLangServer(HTTPAdapter[_Capture]):
             "output_dir": str(window.dir),
             "profile_id": window.prefix,
             "activities": ["CPU", "GPU"],  # "GPU" is the NPU on Ascend builds
-            "with_stack": False,  # both default to True on the server: large traces
-            "record_shapes": False,
+            # Both default to True on the server: large traces, and an open capture on an
+            # idle server grows without bound.
+            "with_stack": self.with_stack,
+            "record_shapes": self.record_shapes,
         }
         if window.forward_steps is not None:
             body["num_steps"] = window.forward_steps

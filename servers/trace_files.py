@@ -4,6 +4,7 @@ Shared by the HTTP adapters (``servers.vllm``, ``servers.sglang``) and the in-pr
 (``servers.engines``). vLLM writes every capture into the one trace folder fixed at its launch,
 so a window's files are picked out of it (by name prefix, else by modification time) and moved;
 SGLang writes each capture into the folder the window names, so its files are only listed.
+The forward steps a capture holds are counted from its per-step annotations (bounded reads).
 Every function here does blocking file-system work: call it through ``asyncio.to_thread``.
 """
 
@@ -32,6 +33,9 @@ NPU_DIR_SUFFIX = "_ascend_pt"
 _ITERATION = re.compile(r"execute_(\d+_)?context_\d+\(")
 """vLLM's per-engine-step annotation (``execute_context_1(2)_generation_0(0)``; with
 ``detailed_trace_annotation`` the scheduled token count comes first)."""
+_SGLANG_STEP = "step["
+"""SGLang's per-forward-pass annotation (``step[EXTEND bs=1 toks=1]``, ``step[DECODE bs=1]``)."""
+_SGLANG_TRACE = re.compile(r"\.trace\.json(\.gz)?$")
 _WORKER_TRACE = re.compile(r"\.pt\.trace\.json(\.gz)?$")
 _MTIME_SLACK_NS = 2_000_000_000  # some file systems keep modification times in 2 s steps
 _PREFIX_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -201,28 +205,55 @@ def _is_trace(name: str, is_dir: bool) -> bool:
     return name.endswith(NPU_DIR_SUFFIX) if is_dir else name.endswith(TRACE_SUFFIXES)
 
 
-def count_vllm_iterations(path: str | os.PathLike[str]) -> int:
-    """The engine steps a vLLM worker trace holds (its per-iteration annotations)."""
+MAX_TRACE_BYTES = 256 * 2**20
+"""The most a trace is read to count its steps, uncompressed (SGLang advises traces under
+~100 MB); a larger one counts as unreadable and the counter is used instead."""
+
+
+def _trace_events(path: str | os.PathLike[str], limit: int) -> list[Any]:
+    """The events of a Chrome trace (``.json`` or ``.json.gz``), reading at most ``limit``
+    bytes of JSON. Raises ``ValueError`` for a larger file or one that is not a trace, and
+    what reading raises (``OSError``, ``EOFError``, ``zlib.error``)."""
     opener: Callable[..., Any] = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        data = json.load(f)
+    with opener(path, "rb") as f:
+        raw = f.read(limit + 1)
+    if len(raw) > limit:
+        raise ValueError(f"{path}: more than {limit} bytes of trace: not counted")
+    data = json.loads(raw)
     # Chrome trace JSON is an object holding "traceEvents", or (array form) the events alone.
     events = data.get("traceEvents", []) if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise ValueError(f"{path}: not a Chrome trace")
+    return events
+
+
+def _annotations(events: list[Any], matches: Callable[[str], object]) -> int:
+    """The CPU-side user annotations (``record_function`` ranges) whose name ``matches``."""
     return sum(
         1
         for event in events
         if isinstance(event, dict)
         and event.get("cat") == "user_annotation"
-        and _ITERATION.match(str(event.get("name")))
+        and matches(str(event.get("name")))
     )
 
 
-def _count_or_none(path: Path) -> int | None:
+def count_vllm_iterations(path: str | os.PathLike[str], *, limit: int = MAX_TRACE_BYTES) -> int:
+    """The engine steps a vLLM worker trace holds (its per-iteration annotations)."""
+    return _annotations(_trace_events(path, limit), _ITERATION.match)
+
+
+def count_sglang_steps(path: str | os.PathLike[str], *, limit: int = MAX_TRACE_BYTES) -> int:
+    """The forward passes an SGLang trace holds: one ``step[<MODE> bs=N ...]`` annotation
+    each (EXTEND, DECODE, MIXED, VERIFY, DRAFT, IDLE), not ``scheduler.run_batch``, which
+    also covers the batch that ends the capture."""
+    return _annotations(_trace_events(path, limit), lambda name: name.startswith(_SGLANG_STEP))
+
+
+def _count_or_none(path: Path, count: Callable[[Path], int] = count_vllm_iterations) -> int | None:
     try:
-        return count_vllm_iterations(path)
-    except (OSError, EOFError, ValueError, zlib.error):  # unreadable, cut short, corrupt
+        return count(path)
+    except (OSError, EOFError, ValueError, zlib.error):  # unreadable, cut short, corrupt, large
         return None
 
 
@@ -238,5 +269,17 @@ def vllm_steps_in(files: tuple[Path, ...] | list[Path]) -> int | None:
     capture's.
     """
     counts = [_count_or_none(f) for f in files if is_vllm_worker_trace(f)]
+    readable = [c for c in counts if c is not None]
+    return max(readable) if readable else None
+
+
+def sglang_steps_in(files: tuple[Path, ...] | list[Path]) -> int | None:
+    """Forward passes a capture holds, counted in its torch traces; ``None`` if none is
+    readable.
+
+    Each TP/DP rank writes one trace of the same forward passes, so the largest count is the
+    capture's.
+    """
+    counts = [_count_or_none(f, count_sglang_steps) for f in files if _SGLANG_TRACE.search(f.name)]
     readable = [c for c in counts if c is not None]
     return max(readable) if readable else None

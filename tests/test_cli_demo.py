@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import itertools
 import json
 import signal
 import subprocess
 import sys
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +19,7 @@ import pytest
 
 import aprof
 from aprof.testing import assert_windows
+from servers.process import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,13 +30,51 @@ def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     )
 
 
-def assert_quiet(done: subprocess.CompletedProcess[str], out: Path) -> None:
+def assert_quiet(
+    done: subprocess.CompletedProcess[str], out: Path, *, launched: bool = True
+) -> None:
     """The terminal shows aprof's lines only: torch's own lines (the trainer process's
-    output) go to the trainer's log file, which the demo names at the end."""
+    output) go to the trainer's log file, which the demo names at the end, with the logs of
+    the servers it ``launched``."""
     for noise in ("USDT:", "ERROR:", "UserWarning", "Traceback"):
         assert noise not in done.stdout and noise not in done.stderr, noise
-    assert f"logs: {out / 'logs'} (replica_<r>.log: the servers; trainer.log: " in done.stdout
+    servers = "replica_<r>.log: the servers; " if launched else ""
+    assert f"logs: {out / 'logs'} ({servers}trainer.log: " in done.stdout
     assert (out / "logs" / "trainer.log").is_file()
+
+
+@contextlib.contextmanager
+def reference_server(dialect: str, tmp_path: Path) -> Iterator[str]:
+    """A reference server speaking ``dialect`` on 127.0.0.1, as a subprocess; yields its URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / f"reference-{dialect}.log"
+    with log.open("w") as log_file:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "aprof", "serve-reference", "--port", str(port),
+             "--dialect", dialect, "--profiler-dir", str(tmp_path / "server_traces")],
+            cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert server.poll() is None, f"the server exited:\n{log.read_text()}"
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass  # not listening yet
+            assert time.monotonic() < deadline, f"the server never got healthy:\n{log.read_text()}"
+            time.sleep(0.2)
+        yield url
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=30)
 
 
 def _trace_events(path: Path) -> list[dict[str, Any]]:
@@ -101,6 +144,60 @@ def test_demo_fully_async(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+def test_demo_profiles_running_servers(tmp_path: Path, kind: str) -> None:
+    """``--server vllm|sglang URL``: the demo profiles a server it did not launch (here the
+    reference server in that dialect), through the adapter of that engine."""
+    out = tmp_path / "demo"
+    with reference_server(kind, tmp_path) as url:
+        done = run(
+            "-m", "aprof", "demo", "--server", kind, url, "--num-steps", "3", "--steps", "1,3",
+            "--concurrency", "4", "--forward-steps", "2", "--out", str(out),
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "launching" not in done.stderr
+    assert "step 3/3: 4 rollouts (0 failed" in done.stderr
+    assert_quiet(done, out, launched=False)
+    window = {"target": "replica_0", "state": "done", "stop_reason": "auto_stop"}
+    assert_windows(
+        out,
+        [{**window, "step": s, "forward_steps.observed": 2} for s in (1, 3)]
+        + [{"step": s, "target": "trainer", "state": "done"} for s in (1, 3)],
+    )
+    rollouts = [w for w in aprof.load_manifest(out).windows if w.kind == "rollout"]
+    if kind == "sglang":
+        # The window's folder was each capture's output_dir: SGLang's own file names there.
+        for w in rollouts:
+            assert [Path(f.path).name[-19:] for f in w.files] == ["-TP-0.trace.json.gz"], w
+    else:
+        # vLLM writes into its launch-time directory, which a URL does not tell: the traces
+        # stay there.
+        assert all(not w.files for w in rollouts)
+        assert len(list((tmp_path / "server_traces").rglob("*.pt.trace.json.gz"))) >= 2
+
+
+def test_demo_launches_reference_servers_in_the_sglang_dialect(tmp_path: Path) -> None:
+    """``--server reference sglang``: the launched servers speak SGLang's profiling routes."""
+    out = tmp_path / "demo"
+    done = run(
+        "-m", "aprof", "demo", "--server", "reference", "sglang", "--num-steps", "2",
+        "--steps", "2", "--replicas", "1", "--concurrency", "2", "--forward-steps", "2",
+        "--out", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "launching 1 reference servers (SGLang dialect)" in done.stderr
+    assert_quiet(done, out)
+    assert_windows(
+        out,
+        [
+            {"step": 2, "target": "replica_0", "state": "done", "stop_reason": "auto_stop"},
+            {"step": 2, "target": "trainer", "state": "done"},
+        ],
+    )
+    (rollout,) = [w for w in aprof.load_manifest(out).windows if w.kind == "rollout"]
+    assert [Path(f.path).name[-19:] for f in rollout.files] == ["-TP-0.trace.json.gz"]
+
+
 def _processes_mentioning(text: str) -> list[int]:
     found = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
@@ -152,6 +249,25 @@ def test_demo_bad_input_is_one_line(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     assert done.stderr.startswith("aprof demo: global_profiler.steps")
+
+
+@pytest.mark.parametrize(
+    ("server", "line"),
+    [
+        (["tgi", "http://h:1"], "--server: expected 'reference [vllm|sglang]', 'vllm URL [URL"),
+        (["sglang"], "--server sglang needs the URL of at least one running SGLang server"),
+        (["vllm"], "--server vllm needs the URL of at least one running vLLM server"),
+        (["sglang", "h:1"], "--server sglang: not an http(s) URL: 'h:1'"),
+        (["reference", "http://h:1"], "--server reference: expected the dialect 'vllm' or"),
+        (["sglang", "http://127.0.0.1:1"], "cannot read the served model from http://127.0.0.1:1"),
+    ],
+)
+def test_demo_bad_server_is_one_line(tmp_path: Path, server: list[str], line: str) -> None:
+    """A bad ``--server`` exits 1 with one line that says what was wrong."""
+    done = run("-m", "aprof", "demo", "--server", *server, "--out", str(tmp_path / "x"))
+    assert done.returncode == 1
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert done.stderr.startswith(f"aprof demo: {line}"), done.stderr
 
 
 def test_custom_target_example(tmp_path: Path) -> None:

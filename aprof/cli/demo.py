@@ -1,11 +1,13 @@
 """``aprof demo``: a small async RL loop, profiled end to end, with a table of what was captured.
 
-It launches ``--replicas`` reference servers (subprocesses), then runs ``--num-steps`` global
-steps: each step rolls out ``--concurrency`` multi-turn tool-calling agent loops over the
-replicas and trains a tiny policy on CPU. The ``--steps`` steps are profiled: a rollout window
-on every replica (auto-stopped by the server after ``--forward-steps`` engine forward steps)
-and a ``trainer`` role window around the policy update. Everything goes under ``--out``; the
-servers' and the trainer's own output goes to log files under ``--out``/logs.
+It launches ``--replicas`` reference servers (subprocesses; ``--server reference sglang``: in
+their SGLang dialect), or profiles running servers (``--server vllm|sglang URL ...``), then
+runs ``--num-steps`` global steps: each step rolls out ``--concurrency`` multi-turn
+tool-calling agent loops over the replicas and trains a tiny policy on CPU. The ``--steps``
+steps are profiled: a rollout window on every replica (auto-stopped by the server after
+``--forward-steps`` engine forward steps) and a ``trainer`` role window around the policy
+update. Everything goes under ``--out``; the servers' and the trainer's own output goes to log
+files under ``--out``/logs.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from aprof import (
     load_config,
 )
 from aprof.cli._demo_trainer import TrainerProcess
-from servers import LaunchError, VLLMServer, launch, launch_spec
+from servers import LaunchError, SGLangServer, VLLMServer, launch, launch_spec
 from servers.process import free_port
 
 REFERENCE_VERSION = "0.32.0"
@@ -66,9 +68,10 @@ def arguments(parser: argparse.ArgumentParser) -> None:
         "--server",
         nargs="+",
         default=["reference"],
-        metavar=("KIND", "URL"),
-        help="'reference' (launch reference servers, the default) or 'vllm URL [URL ...]' "
-        "(running vLLM servers launched with profiling, one replica per URL)",
+        metavar=("KIND", "ARG"),
+        help="'reference [vllm|sglang]' (the default: launch reference servers, in the vLLM "
+        "dialect unless 'sglang' is given), 'vllm URL [URL ...]' or 'sglang URL [URL ...]' "
+        "(running vLLM or SGLang servers launched with profiling, one replica per URL)",
     )
     parser.add_argument("--mode", choices=("sync", "fully-async"), default="sync")
     parser.add_argument("--steps", default="1,2,5", help="global steps to profile (default 1,2,5)")
@@ -129,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 class _ServerError(Exception):
-    """A server given with ``--server vllm URL`` cannot be used."""
+    """A server given with ``--server vllm|sglang URL`` cannot be used."""
 
 
 def _check(args: argparse.Namespace) -> str | None:
@@ -139,17 +142,27 @@ def _check(args: argparse.Namespace) -> str | None:
     for flag in ("num_steps", "replicas", "concurrency", "forward_steps"):
         if getattr(args, flag) < 1:
             return f"--{flag.replace('_', '-')} must be >= 1"
-    kind, *urls = args.server
-    if kind == "reference" and urls:
-        return "--server reference takes no URL"
-    if kind == "vllm" and not urls:
-        return "--server vllm needs the URL of at least one running vLLM server"
-    if kind not in ("reference", "vllm"):
-        return f"--server: expected 'reference' or 'vllm URL', got {kind!r}"
-    bad = [url for url in urls if not url.startswith(("http://", "https://"))]
+    kind, *rest = args.server
+    if kind == "reference":
+        if rest and rest not in (["vllm"], ["sglang"]):
+            got = " ".join(rest)
+            return f"--server reference: expected the dialect 'vllm' or 'sglang', got {got!r}"
+        return None
+    if kind not in _URL_SERVERS:
+        return (
+            "--server: expected 'reference [vllm|sglang]', 'vllm URL [URL ...]' or "
+            f"'sglang URL [URL ...]', got {kind!r}"
+        )
+    if not rest:
+        return f"--server {kind} needs the URL of at least one running {_URL_SERVERS[kind]} server"
+    bad = [url for url in rest if not url.startswith(("http://", "https://"))]
     if bad:
-        return f"--server vllm: not an http(s) URL: {bad[0]!r}"
+        return f"--server {kind}: not an http(s) URL: {bad[0]!r}"
     return None
+
+
+_URL_SERVERS = {"vllm": "vLLM", "sglang": "SGLang"}
+"""The ``--server`` kinds that take the URLs of running servers, with their engines' names."""
 
 
 async def _main(args: argparse.Namespace, config: ProfilerConfig, logs: Path) -> Manifest:
@@ -196,15 +209,28 @@ async def _servers(
     args: argparse.Namespace, config: ProfilerConfig, logs: Path, stack: contextlib.AsyncExitStack
 ) -> tuple[list[str], str | None, list[CaptureTarget]]:
     """The replicas' URLs, the model to ask for, and their capture targets."""
-    kind, *urls = args.server
-    if kind == "vllm":
-        model = await _served_model(urls[0])
-        return urls, model, [VLLMServer(url, replica=r) for r, url in enumerate(urls)]
+    kind, *rest = args.server
+    if kind in _URL_SERVERS:
+        # Both serve the OpenAI completions API the agent loops speak, and list the model.
+        model = await _served_model(rest[0])
+        adapter = VLLMServer if kind == "vllm" else SGLangServer
+        return rest, model, [adapter(url, replica=r) for r, url in enumerate(rest)]
+    sglang = rest == ["sglang"]
     specs = [
-        launch_spec("reference", config, version=REFERENCE_VERSION, port=free_port())
+        launch_spec(
+            "reference",
+            config,
+            version=REFERENCE_VERSION,
+            port=free_port(),
+            dialect="sglang" if sglang else "vllm",
+        )
         for _ in range(args.replicas)
     ]
-    _say(f"launching {len(specs)} reference servers and the trainer (logs in {logs})")
+    dialect = "SGLang" if sglang else "vLLM"
+    _say(
+        f"launching {len(specs)} reference servers ({dialect} dialect) and the trainer "
+        f"(logs in {logs})"
+    )
     launched = await asyncio.gather(
         *(launch(spec, log_path=logs / f"replica_{r}.log") for r, spec in enumerate(specs)),
         return_exceptions=True,
@@ -223,7 +249,7 @@ async def _servers(
 
 
 async def _served_model(url: str) -> str:
-    """The model a running vLLM server serves (its first ``/v1/models`` entry)."""
+    """The model a running vLLM or SGLang server serves (its first ``/v1/models`` entry)."""
     try:
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,

@@ -26,7 +26,7 @@ def create_app(cfg: ReferenceConfig) -> web.Application:
     engine = Engine(
         seed=cfg.seed,
         separate_prefill=cfg.dialect == "sglang",
-        annotate=_vllm_iteration_label if cfg.dialect == "vllm" else None,
+        annotate=_vllm_iteration_label if cfg.dialect == "vllm" else _sglang_step_label,
     )
     state = ServerState(cfg=cfg, engine=engine, metrics=Metrics(engine))
     app[STATE] = state
@@ -110,6 +110,15 @@ def _vllm_iteration_label(info: StepInfo) -> str:
         f"execute_context_{info.prefill_seqs}({info.prefill_tokens})"
         f"_generation_{info.decode_seqs}({info.decode_seqs})"
     )
+
+
+def _sglang_step_label(info: StepInfo) -> str:
+    # SGLang (0.5.23, observed) wraps each forward pass in one user annotation named by its
+    # forward mode and batch: step[EXTEND bs=1 toks=1], step[DECODE bs=1].
+    if info.kind == "decode":
+        return f"step[DECODE bs={info.decode_seqs}]"
+    mode = "EXTEND" if info.kind == "prefill" else "MIXED"
+    return f"step[{mode} bs={info.prefill_seqs + info.decode_seqs} toks={info.tokens}]"
 
 
 async def _start_engine(app: web.Application) -> None:

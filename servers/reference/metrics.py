@@ -2,8 +2,10 @@
 
 vLLM: the histogram ``vllm:iteration_tokens_total`` gets one observation per engine
 iteration (its ``_count`` is the forward-step counter, as on the real server). SGLang
-exposes no such counter; this server adds ``sglang:num_forward_steps_total`` (reference
-server only) so a client can read the scheduler's ``forward_ct``.
+(0.5.23, observed) names no counter for forward steps, but
+``sglang:cuda_graph_passes_total{mode=...}`` counts every forward pass by mode
+(``prefill_none``, ``decode_none``: no CUDA graph), also with CUDA graphs off; its sum over
+modes is the forward-step counter.
 """
 
 from __future__ import annotations
@@ -24,11 +26,14 @@ class Metrics:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.finished_requests = 0
+        self.passes = {"prefill_none": 0, "decode_none": 0}
+        """SGLang's forward passes by mode (a mixed batch is an extend)."""
         engine.step_listeners.append(self._on_step)
         engine.finish_listeners.append(self._on_finish)
 
     def _on_step(self, info: StepInfo) -> None:
         self.iterations += 1
+        self.passes["decode_none" if info.kind == "decode" else "prefill_none"] += 1
         self.iteration_tokens += info.tokens
         self.prompt_tokens += info.prefill_tokens
         self.generation_tokens += info.prefill_seqs + info.decode_seqs
@@ -89,12 +94,13 @@ class Metrics:
         return "\n".join(lines) + "\n"
 
     def _sglang(self, labels: str) -> str:
-        lines = _counter(
-            "sglang:num_forward_steps",
-            "Forward batches run since launch (the scheduler's forward_ct; reference server only).",
-            labels,
-            self.iterations,
-        )
+        name = "sglang:cuda_graph_passes_total"
+        lines = [
+            f"# HELP {name} Forward passes by mode (CUDA graph or not).",
+            f"# TYPE {name} counter",
+        ]
+        for mode, count in self.passes.items():
+            lines.append(f'{name}{{{labels},mode="{mode}"}} {float(count)}')
         lines += _gauge(
             "sglang:num_running_reqs",
             "The number of running requests.",

@@ -8,7 +8,9 @@ forward, where the profiler's batch predicate runs:
 - ``start_step`` S: the capture starts in batch ``max(S, forward_ct + 1)`` and stops in
   batch start + N (N batches, the start batch included);
 - ``profile_by_stage``: prefill (EXTEND) and decode batches are captured into separate
-  traces, up to N of each; the first decode batch flushes the prefill trace.
+  traces, up to N of each; the first decode batch flushes the prefill trace;
+- a plain start while a capture runs answers success and restarts the capture: its steps
+  so far are lost, the first start's output dir, id and stop target are kept.
 """
 
 from __future__ import annotations
@@ -73,11 +75,15 @@ class SglangSchedulerProfiler:
                 if request.num_steps is not None:
                     self._target_ct = self._start_ct + request.num_steps
             return None
-        # A plain start ignores a capture in progress: the new profiler replaces it.
-        if self._capture is not None:
+        if self._in_progress and self._capture is not None:
+            # A plain start ignores the "already in progress" answer: a new profiler
+            # replaces the running one, whose steps are lost, while the first call's
+            # output dir, id and stop target stay (observed on SGLang 0.5.23).
             self._capture.stop()
             self._capture = None
             self._in_progress = False
+            self._begin(stage=self._stage)
+            return None
         self._init(request)
         if request.num_steps is not None:
             self._target_ct = self.forward_ct + request.num_steps + 1

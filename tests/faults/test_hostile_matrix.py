@@ -187,7 +187,7 @@ class Hostile:
         name = (
             "vllm:iteration_tokens_total_count"
             if self.dialect == "vllm"
-            else "sglang:num_forward_steps_total"
+            else "sglang:cuda_graph_passes_total"
         )
         values = [str(self.reads)]
         if fault == "overflow":

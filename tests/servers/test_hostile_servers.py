@@ -31,7 +31,7 @@ from servers import ServerError, SGLangServer, VLLMServer
 from servers._http import AnswerTooLargeError, metric_total
 
 TIMEOUTS = {"start_s": 30, "stop_s": 30, "poll_s": 0.005, "connect_s": 5}
-METRIC = {"vllm": "vllm:iteration_tokens_total_count", "sglang": "sglang:num_forward_steps_total"}
+METRIC = {"vllm": "vllm:iteration_tokens_total_count", "sglang": "sglang:cuda_graph_passes_total"}
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -172,7 +172,7 @@ def page(dialect: str, *values: str) -> bytes:
 
 NOT_UTF8 = {
     "vllm": b"# \xff\xfe not UTF-8\nvllm:iteration_tokens_total_count 5\n",
-    "sglang": b"# \xff\xfe not UTF-8\nsglang:num_forward_steps_total 5\n",
+    "sglang": b"# \xff\xfe not UTF-8\nsglang:cuda_graph_passes_total 5\n",
 }
 
 

@@ -224,20 +224,36 @@ def test_vllm_ascend_bounds_at_launch_in_every_era(traces: Path, version: str) -
     assert spec.notes == ("vLLM-Ascend ignores record_shapes",)
 
 
-def test_sglang_gets_environment_only(traces: Path) -> None:
+def test_sglang_gets_environment_and_idle_and_metrics_flags(traces: Path) -> None:
     spec = launch_spec("sglang", _cfg(), version="0.5.23", profiler_dir=traces, model="m")
     assert spec.env == {
         "SGLANG_TORCH_PROFILER_DIR": str(traces),
         "SGLANG_PROFILE_WITH_STACK": "false",
         "SGLANG_PROFILE_RECORD_SHAPES": "false",
     }
-    assert spec.args == []
+    # Observed on 0.5.23: an idle scheduler busy-loops without --sleep-on-idle; the forward
+    # counter is on /metrics only with --enable-metrics.
+    assert spec.args == ["--sleep-on-idle", "--enable-metrics"]
+    assert spec.command[-2:] == ["--sleep-on-idle", "--enable-metrics"]
+    assert spec.notes == ()
     assert spec.dialect == "sglang"
     assert spec.launch_window is None  # num_steps per call
     assert spec.command[1:5] == ["-m", "sglang.launch_server", "--model-path", "m"]
     assert spec.port == 30000
+    assert (spec.with_stack, spec.record_shapes) == (False, False)
     stacks = launch_spec("sglang", _cfg(**_contents("cpu", "stack", "shapes")), version="0.5.23")
     assert set(stacks.env) == {"SGLANG_TORCH_PROFILER_DIR"}
+    assert (stacks.with_stack, stacks.record_shapes) == (True, True)
+    adapter = stacks.adapter()
+    assert isinstance(adapter, SGLangServer)
+    assert (adapter.with_stack, adapter.record_shapes, adapter.version) == (True, True, (0, 5, 23))
+
+
+def test_sglang_before_0_5_gets_the_flags_as_a_note() -> None:
+    spec = launch_spec("sglang", _cfg(), version="0.4.10")
+    assert spec.args == []
+    (note,) = spec.notes
+    assert "--sleep-on-idle" in note and "--enable-metrics" in note
 
 
 def test_sglang_npu_reads_the_npu_contents(traces: Path) -> None:

@@ -1,7 +1,8 @@
 """Contract tests of the reference server's SGLang dialect over real HTTP.
 
-Each expectation is a fact of ``reference/sglang.md`` (sections 1-6, SGLang 0.5.23). SGLang
-itself cannot run on a CPU-only machine; this dialect of the reference server stands in for it.
+Each expectation is a fact of ``reference/sglang.md`` (sections 1-6, SGLang 0.5.23); those of
+its section 12 table were observed on a real SGLang 0.5.23 server (CPU build), which this
+dialect of the reference server stands in for in tests.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import aiohttp
 import pytest
 
 from servers.reference import ReferenceServer, forward_step_numbers
+from servers.reference.trace_files import load_trace
+from servers.trace_files import count_sglang_steps
 
 STARTED = "Start profiling.\n"
 STOPPED = "Stop profiling. This will take some time.\n"
@@ -127,29 +130,52 @@ async def test_start_step_start_while_in_progress_is_500(
         assert await call(http, server, "/stop_profile") == (200, STOPPED)
 
 
-async def test_plain_double_start_replaces_the_first_capture(
+async def test_plain_double_start_silently_restarts_the_first_capture(
     reference_server: ReferenceFactory,
     http: aiohttp.ClientSession,
     complete: Complete,
     tmp_path: Path,
 ) -> None:
-    body = {"output_dir": str(tmp_path / "d"), **QUIET}
+    # Observed on 0.5.23: 200 again; the steps so far are lost, the first call's output
+    # dir, id and stop target stay.
+    first = {"output_dir": str(tmp_path / "d"), "profile_id": "one", "num_steps": 4, **QUIET}
+    second = {"output_dir": str(tmp_path / "e"), "profile_id": "two", "num_steps": 50, **QUIET}
     async with asyncio.timeout(60), reference_server(dialect="sglang") as server:
-        assert await call(http, server, "/start_profile", {**body, "profile_id": "one"}) == (
-            200,
-            STARTED,
-        )
+        start = server.forward_steps
+        assert await call(http, server, "/start_profile", first) == (200, STARTED)
         await complete(server, max_tokens=2)
-        middle = server.forward_steps
-        assert await call(http, server, "/start_profile", {**body, "profile_id": "two"}) == (
-            200,
-            STARTED,
-        )
-        await complete(server, max_tokens=2)
-        assert await call(http, server, "/stop_profile") == (200, STOPPED)
+        assert await call(http, server, "/start_profile", second) == (200, STARTED)
+        await complete(server, max_tokens=4)  # the first target: 4 steps after the first start
+        assert await call(http, server, "/stop_profile") == (500, "Internal Server Error")
     (trace,) = (tmp_path / "d").iterdir()
-    assert trace.name == "two-TP-0.trace.json.gz"
-    assert forward_step_numbers(trace) == [middle + 1, middle + 2]
+    assert not (tmp_path / "e").exists()
+    assert trace.name == "one-TP-0.trace.json.gz"
+    assert forward_step_numbers(trace) == [start + 3, start + 4]
+    assert count_sglang_steps(trace) == 2
+
+
+async def test_one_step_annotation_per_forward_pass(
+    reference_server: ReferenceFactory,
+    http: aiohttp.ClientSession,
+    complete: Complete,
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "d"
+    body = {"output_dir": str(out), "profile_id": "s", "num_steps": 5, **QUIET}
+    async with asyncio.timeout(60), reference_server(dialect="sglang") as server:
+        assert await call(http, server, "/start_profile", body) == (200, STARTED)
+        await complete(server, max_tokens=8, prompt="hi")
+    trace = out / "s-TP-0.trace.json.gz"
+    steps = [
+        e
+        for e in load_trace(trace)["traceEvents"]
+        if e.get("cat") == "user_annotation" and str(e.get("name")).startswith("step[")
+    ]
+    assert [e["ph"] for e in steps] == ["X"] * 5
+    names = [e["name"] for e in steps]
+    assert re.fullmatch(r"step\[EXTEND bs=1 toks=\d+\]", names[0]), names
+    assert names[1:] == ["step[DECODE bs=1]"] * 4
+    assert count_sglang_steps(trace) == 5
 
 
 async def test_profile_by_stage_writes_extend_and_decode_traces(
@@ -198,6 +224,33 @@ async def test_info_routes_and_forward_counter(
             assert (await response.json())["version"] == "0.5.23"
         async with http.get(f"{server.url}/metrics") as response:
             text = await response.text()
-        assert 'sglang:num_forward_steps_total{model_name="reference"} 4.0' in text
+        # Observed on 0.5.23: forward passes by mode, no counter named for forward steps.
+        assert 'sglang:cuda_graph_passes_total{model_name="reference",mode="prefill_none"} 1.0' in (
+            text
+        )
+        assert 'sglang:cuda_graph_passes_total{model_name="reference",mode="decode_none"} 3.0' in (
+            text
+        )
+        assert "num_forward_steps" not in text
+        for path in ("/server_info", "/get_server_info"):
+            async with http.get(f"{server.url}{path}") as response:
+                assert response.status == 200
+                assert (await response.json())["version"] == "0.5.23"
         async with http.get(f"{server.url}/version") as response:
             assert response.status == 404
+
+
+async def test_start_answers_plain_text_and_a_stop_after_the_auto_stop_500(
+    reference_server: ReferenceFactory, http: aiohttp.ClientSession, complete: Complete
+) -> None:
+    async with asyncio.timeout(30), reference_server(dialect="sglang") as server:
+        async with http.post(f"{server.url}/start_profile", json={"num_steps": 2}) as response:
+            assert response.status == 200
+            assert response.content_type == "text/plain"
+            assert await response.text() == STARTED
+        await complete(server, max_tokens=4)
+        for method in ("POST", "GET"):
+            async with http.request(method, f"{server.url}/stop_profile") as response:
+                assert response.status == 500
+                assert response.content_type == "text/plain"
+                assert await response.text() == "Internal Server Error"

@@ -1,24 +1,29 @@
 """``servers.SGLangServer`` over real HTTP against the reference server's SGLang dialect.
 
-SGLang itself cannot run on a CPU-only machine; the reference server follows its HTTP
-protocol (reference note sglang.md, sections 2-6). Window semantics are driven through
+The reference server follows SGLang's HTTP protocol (reference note sglang.md, sections 2-6,
+and section 12: what a real 0.5.23 server was observed to answer); a small recording
+imitation shows the bodies the adapter sends. Window semantics are driven through
 ``aprof.Profiler``; protocol details call the adapter directly. Nothing sleeps.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from adapter_steps import STEPS, TIMEOUTS, answered, config, run_steps, window
+from aiohttp import web
 from conftest import Complete, ReferenceFactory
 
 import aprof
 from aprof.testing import assert_windows
 from servers import SGLangServer
 from servers.reference import Faults, forward_step_numbers
+from servers.trace_files import count_sglang_steps
 
 
 @pytest.fixture
@@ -162,7 +167,8 @@ async def test_delay_without_a_counter_is_noted(
         await target.aclose()
     assert result.note is not None
     assert "delay of 3 not applied: the server reports no forward counter" in result.note
-    assert result.forward_steps is None
+    # No counter, but the trace holds the window's forward passes.
+    assert (result.forward_steps, result.counted_from) == (4, "trace")
 
 
 async def test_npu_lists_the_ascend_folders(
@@ -232,3 +238,173 @@ def test_is_a_managed_capture_target() -> None:
     assert isinstance(target, aprof.CaptureTarget) and isinstance(target, aprof.ManagedTarget)
     assert (target.name, target.kind, target.replica) == ("replica_2", "rollout", 2)
     assert target.enforces_window is True
+
+
+async def test_observed_is_counted_from_the_step_annotations(
+    reference_server: ReferenceFactory,
+    complete: Complete,
+    tmp_path: Path,
+    timeouts: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with asyncio.timeout(60), reference_server(dialect="sglang") as server:
+        target = SGLangServer(server.url, replica=0)
+        await target.open(timeouts)
+        win = window(tmp_path / "w", forward_steps=3)
+        await target.start(win)
+        await complete(server, max_tokens=6)
+        result = await target.stop(win)
+        # A trace that cannot be read: the counter (summed over modes) stands in.
+        monkeypatch.setattr("servers.sglang.sglang_steps_in", lambda files: None)
+        again = window(tmp_path / "w2", step=2, forward_steps=50)
+        await target.start(again)
+        await complete(server, max_tokens=5)
+        fallback = await target.stop(again)
+        await target.aclose()
+    (trace,) = result.files
+    assert count_sglang_steps(trace) == len(forward_step_numbers(trace)) == 3
+    assert (result.forward_steps, result.counted_from, result.auto_stopped) == (3, "trace", True)
+    assert (fallback.forward_steps, fallback.counted_from) == (5, "counter")
+
+
+async def test_version_is_read_from_server_info(
+    reference_server: ReferenceFactory, timeouts: Any, logs: list[Any]
+) -> None:
+    async with asyncio.timeout(30):
+        async with reference_server(dialect="sglang") as server:
+            target = SGLangServer(server.url, replica=0)
+            await target.open(timeouts)
+            assert target.version == (0, 5, 23)
+            await target.aclose()
+        given = SGLangServer(server.url, replica=0, version="0.5.10")
+        assert given.version == (0, 5, 10)
+        # A server with no /server_info (here the vLLM dialect): the version stays unknown
+        # and the target still opens; /version is never asked (404 on real SGLang).
+        async with reference_server(vllm_version="0.32.0") as other:
+            target = SGLangServer(other.url, replica=0)
+            await target.open(timeouts)
+            assert target.version is None
+            await target.aclose()
+    assert [e["status"] for e in answered(logs, "/server_info")] == [200, 404]
+    assert [e["status"] for e in answered(logs, "/get_server_info")] == [404]
+    assert answered(logs, "/version") == []
+    assert any(e["event"] == "sglang version unknown" for e in logs)
+
+
+class Recorder:
+    """An SGLang 0.5.23 imitation that records each call (path and JSON body): a start
+    answers 200 (a second one would silently restart the capture); after ``auto_stop()``,
+    or with nothing running, a stop answers 500 text/plain."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.running = False
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/server_info", self._info)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/start_profile", self._start)
+        app.router.add_post("/stop_profile", self._stop)
+        return app
+
+    def auto_stop(self) -> None:
+        self.running = False
+
+    def starts(self) -> list[dict[str, Any]]:
+        return [body for path, body in self.calls if path == "/start_profile"]
+
+    async def _info(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": "0.5.23"})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        page = (
+            'sglang:cuda_graph_passes_total{mode="prefill_none"} 7.0\n'
+            'sglang:cuda_graph_passes_total{mode="decode_none"} 21.0\n'
+        )
+        return web.Response(text=page)
+
+    async def _start(self, request: web.Request) -> web.Response:
+        self.calls.append((request.path, await request.json()))
+        self.running = True
+        return web.Response(text="Start profiling.\n")
+
+    async def _stop(self, request: web.Request) -> web.Response:
+        self.calls.append((request.path, None))
+        if not self.running:
+            return web.Response(status=500, text="Internal Server Error")
+        self.running = False
+        return web.Response(text="Stop profiling. This will take some time.\n")
+
+
+@contextlib.asynccontextmanager
+async def recorder() -> AsyncIterator[tuple[Recorder, str]]:
+    fake = Recorder()
+    runner = web.AppRunner(fake.app())
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        yield fake, f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_start_body_sets_stack_and_shapes_and_the_counter_sums_modes(
+    tmp_path: Path, timeouts: Any
+) -> None:
+    async with asyncio.timeout(30), recorder() as (fake, url):
+        target = SGLangServer(url, replica=0)
+        await target.open(timeouts)
+        assert await target.forward_steps() == 28  # 7 prefill + 21 decode passes
+        win = window(tmp_path / "w", delay=2, forward_steps=5)
+        await target.start(win)
+        await target.stop(win)
+        asked = SGLangServer(url, replica=0, with_stack=True, record_shapes=True)
+        await asked.open(timeouts)
+        win2 = window(tmp_path / "w2", step=2, forward_steps=None)
+        await asked.start(win2)
+        await asked.stop(win2)
+        await target.aclose()
+        await asked.aclose()
+    first, second = fake.starts()
+    assert first == {
+        "output_dir": str(win.dir),
+        "profile_id": win.prefix,
+        "activities": ["CPU", "GPU"],
+        "with_stack": False,
+        "record_shapes": False,
+        "num_steps": 5,
+        "start_step": 28 + 2 + 1,  # the counter read just before, plus the delay, plus one
+    }
+    assert (second["with_stack"], second["record_shapes"]) == (True, True)
+    assert "num_steps" not in second and "start_step" not in second
+
+
+async def test_a_second_start_is_never_sent_while_a_capture_may_run(
+    tmp_path: Path, timeouts: Any
+) -> None:
+    async with asyncio.timeout(30), recorder() as (fake, url):
+        target = SGLangServer(url, replica=0)
+        await target.open(timeouts)
+        first = window(tmp_path / "w1", step=1, forward_steps=4)
+        await target.start(first)
+        # SGLang would answer a second start 200 and silently restart the capture.
+        with pytest.raises(RuntimeError, match="still active"):
+            await target.start(window(tmp_path / "w2", step=2))
+        assert [path for path, _ in fake.calls] == ["/start_profile"]
+        # The server ends the capture on its own; nothing says so until the stop, which
+        # answers 500 and is read as "already stopped" for this num_steps window.
+        fake.auto_stop()
+        result = await target.stop(first)
+        assert result.auto_stopped is True and result.error is None
+        second = window(tmp_path / "w3", step=3, forward_steps=None)
+        await target.start(second)
+        await target.stop(second)
+        await target.aclose()
+    assert [path for path, _ in fake.calls] == [
+        "/start_profile",
+        "/stop_profile",
+        "/start_profile",
+        "/stop_profile",
+    ]

@@ -1,4 +1,5 @@
-"""``servers.trace_files``: counting the engine steps a vLLM capture holds, whatever it finds,
+"""``servers.trace_files``: counting the engine steps a vLLM or SGLang capture holds, whatever
+it finds,
 and moving a window's traces without writing anywhere but the window's folder."""
 
 from __future__ import annotations
@@ -10,7 +11,13 @@ from pathlib import Path
 import pytest
 from conftest import on_another_device
 
-from servers.trace_files import count_vllm_iterations, relocate, vllm_steps_in
+from servers.trace_files import (
+    count_sglang_steps,
+    count_vllm_iterations,
+    relocate,
+    sglang_steps_in,
+    vllm_steps_in,
+)
 
 
 def _event(name: str) -> dict[str, object]:
@@ -29,6 +36,31 @@ def test_worker_traces_are_counted_and_the_largest_count_wins(tmp_path: Path) ->
     front = _write(tmp_path / "p_vm_1.async_llm.1.pt.trace.json.gz", {"traceEvents": steps * 3})
     assert count_vllm_iterations(rank0) == 2
     assert vllm_steps_in([rank1, rank0, front]) == 2
+
+
+def test_sglang_counts_step_annotations_not_run_batch(tmp_path: Path) -> None:
+    # As a real SGLang 0.5.23 trace holds them: one step[...] per forward pass; run_batch
+    # also covers the batch that ends the capture; GPU-side copies are another category.
+    steps = [_event("step[EXTEND bs=1 toks=1]"), *[_event("step[DECODE bs=1]")] * 4]
+    others = [_event("scheduler.run_batch")] * 6 + [_event("scheduler.idle")]
+    gpu = {**_event("step[DECODE bs=1]"), "cat": "gpu_user_annotation"}
+    rank0 = _write(tmp_path / "1796130907.85-TP-0.trace.json.gz", {"traceEvents": steps + others})
+    rank1 = _write(tmp_path / "1796130907.85-TP-1.trace.json.gz", {"traceEvents": [gpu]})
+    assert count_sglang_steps(rank0) == 5
+    assert count_sglang_steps(rank1) == 0
+    broken = tmp_path / "x-TP-2.trace.json.gz"
+    broken.write_bytes(b"\x1f\x8b not gzip")
+    assert sglang_steps_in([rank0, rank1, broken, tmp_path / "notes.txt"]) == 5
+    assert sglang_steps_in([broken]) is None
+
+
+def test_trace_reading_is_bounded(tmp_path: Path) -> None:
+    trace = _write(tmp_path / "big-TP-0.trace.json.gz", {"traceEvents": [_event("step[X]")] * 50})
+    assert count_sglang_steps(trace) == 50
+    with pytest.raises(ValueError, match="more than 100 bytes"):
+        count_sglang_steps(trace, limit=100)
+    with pytest.raises(ValueError, match="more than 100 bytes"):
+        count_vllm_iterations(trace, limit=100)
 
 
 def test_array_form_trace_is_counted(tmp_path: Path) -> None:

@@ -1,0 +1,253 @@
+"""aprof against a real SGLang (0.5.23, the torch-native CPU path) serving a tiny Llama.
+
+Launched through ``launch_spec`` + ``launch``; profiled first by hand (the environment works:
+``/start_profile`` with ``num_steps`` writes a trace of that many forward passes), then through
+the ``SGLangServer`` adapter and ``aprof.Profiler``, also with the server killed mid-window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+import aprof
+from aprof.testing import assert_windows
+from servers.launch import LaunchSpec, launch_spec
+from servers.process import LaunchedServer, free_port, launch
+from servers.trace_files import count_sglang_steps
+
+pytest.importorskip("sglang", reason="needs SGLang: run `nox -s e2e_sglang`")
+
+VERSION = "0.5.23"
+# The CPU recipe of e2e/sglang_env: torch-native attention and sampling, no CUDA graphs, a
+# small KV pool (launch_spec adds --sleep-on-idle and --enable-metrics itself).
+SERVER_ARGS = [
+    "--device", "cpu",
+    "--attention-backend", "torch_native",
+    "--sampling-backend", "pytorch",
+    "--disable-cuda-graph",
+    "--max-total-tokens", "4096",
+]  # fmt: skip
+HEALTH_TIMEOUT_S = 180
+CONCURRENT = 4
+MAX_TOKENS = 16  # with ignore_eos: 1 prefill + 15 decode passes per request, well over 4 + 1
+FORWARD_STEPS = 4
+TRACE_WAIT_S = 30
+
+
+def _config(save_path: Path, steps: list[int]) -> aprof.ProfilerConfig:
+    return aprof.load_config(
+        {
+            # A stop (which moves and counts the traces) may outlast these short steps: wait
+            # for it, or the next window may be skipped by design.
+            "global_profiler": {
+                "steps": steps,
+                "save_path": str(save_path),
+                "wait_for_stops": True,
+            },
+            "rollout": {"forward_steps": FORWARD_STEPS},
+            "tool_config": {"torch": {"contents": ["cpu"]}},
+            "timeouts": {"connect_s": 10, "start_s": 60, "stop_s": 120},
+        }
+    )
+
+
+def _spec(cfg: aprof.ProfilerConfig, model: Path, env: dict[str, str]) -> LaunchSpec:
+    spec = launch_spec(
+        "sglang",
+        cfg,
+        version=VERSION,
+        model=str(model),
+        port=free_port(),
+        server_args=SERVER_ARGS,
+    )
+    return dataclasses.replace(spec, env={**spec.env, **env})
+
+
+async def _launch(spec: LaunchSpec, tmp_path: Path) -> LaunchedServer:
+    return await launch(spec, log_path=tmp_path / "sglang.log", health_timeout_s=HEALTH_TIMEOUT_S)
+
+
+def _body(model: Path, prompt: str) -> dict[str, Any]:
+    return {
+        "model": str(model),
+        "prompt": prompt,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+
+
+async def _complete(http: aiohttp.ClientSession, base_url: str, body: dict[str, Any]) -> Any:
+    async with http.post(f"{base_url}/v1/completions", json=body) as response:
+        assert response.status == 200, await response.text()
+        return await response.json()
+
+
+def _traces(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.trace.json.gz")) if folder.is_dir() else []
+
+
+async def _wait_for_traces(folder: Path, timeout_s: float) -> list[Path]:
+    """The traces in ``folder`` once one is there (SGLang writes it at the auto-stop)."""
+    deadline = time.monotonic() + timeout_s
+    while not (found := _traces(folder)):
+        assert time.monotonic() < deadline, f"no trace in {folder} after {timeout_s} s"
+        await asyncio.sleep(0.2)
+    return found
+
+
+async def test_smoke_server_profiles_num_steps(
+    tmp_path: Path, tiny_model: Path, owned_env: dict[str, str]
+) -> None:
+    """The environment works: healthy, serves, and ``/start_profile`` with ``num_steps`` 4
+    writes one trace holding 4 forward passes (``step[...]`` annotations)."""
+    cfg = _config(tmp_path / "profile", [1])
+    spec = _spec(cfg, tiny_model, owned_env)
+    out = tmp_path / "by-hand"
+    async with await _launch(spec, tmp_path) as server:
+        timeout = aiohttp.ClientTimeout(total=120)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            answer = await _complete(http, server.base_url, _body(tiny_model, "hello world"))
+            assert answer["usage"]["completion_tokens"] == MAX_TOKENS, answer
+            start = {
+                "output_dir": str(out),
+                "num_steps": FORWARD_STEPS,
+                "activities": ["CPU"],
+                "with_stack": False,
+                "record_shapes": False,
+            }
+            async with http.post(f"{server.base_url}/start_profile", json=start) as response:
+                assert response.status == 200, await response.text()
+                assert await response.text() == "Start profiling.\n"
+            await _complete(http, server.base_url, _body(tiny_model, "the quick brown fox"))
+            traces = await _wait_for_traces(out, TRACE_WAIT_S)
+            # After the auto-stop nothing runs: a stop is refused with a plain 500.
+            async with http.post(f"{server.base_url}/stop_profile") as response:
+                assert response.status == 500, await response.text()
+    assert len(traces) == 1, traces
+    assert traces[0].name.endswith("-TP-0.trace.json.gz"), traces
+    assert count_sglang_steps(traces[0]) == FORWARD_STEPS
+
+
+async def _run_steps(
+    prof: aprof.Profiler,
+    base_url: str,
+    model: Path,
+    num_steps: int,
+    *,
+    kill_in_step: int | None = None,
+    server: LaunchedServer | None = None,
+) -> tuple[list[Any], list[str]]:
+    """``num_steps`` steps of concurrent completions, each inside ``prof.request``; with
+    ``kill_in_step`` the server is SIGKILLed as that step's window has started. Returns the
+    answers and the errors of failed requests (a rollout survives a dead server)."""
+    answers: list[Any] = []
+    errors: list[str] = []
+
+    async def complete(http: aiohttp.ClientSession, step: int, i: int) -> None:
+        try:
+            async with prof.request(replica=0, request_id=f"s{step}-r{i}"):
+                answers.append(await _complete(http, base_url, _body(model, f"step {step} {i}")))
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            errors.append(f"step {step} request {i}: {exc!r}")
+
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        for step in range(1, num_steps + 1):
+            async with prof.step(step):
+                if step == kill_in_step:
+                    assert server is not None
+                    # Admitted once the window's start was answered: the capture is running.
+                    async with prof.request(replica=0, request_id=f"s{step}-probe"):
+                        os.killpg(server.pid, signal.SIGKILL)
+                        await asyncio.wait_for(server.process.wait(), timeout=30)
+                await asyncio.gather(*(complete(http, step, i) for i in range(CONCURRENT)))
+    return answers, errors
+
+
+def _window_summary(prof: aprof.Profiler) -> list[dict[str, Any]]:
+    return [
+        {
+            "step": w.step,
+            "state": w.state,
+            "stop_reason": w.stop_reason,
+            "observed": w.forward_steps.observed,
+            "error": w.error,
+            "files": [f.path for f in w.files],
+        }
+        for w in prof.manifest.windows
+    ]
+
+
+async def test_profiled_steps_auto_stop_after_forward_steps(
+    tmp_path: Path, tiny_model: Path, owned_env: dict[str, str]
+) -> None:
+    """Steps [1, 2, 5] of 6 through the adapter: three windows, each auto-stopped by the
+    server after 4 forward passes, its trace in the step's folder and nothing left behind."""
+    save_path = tmp_path / "profile"
+    cfg = _config(save_path, [1, 2, 5])
+    spec = _spec(cfg, tiny_model, owned_env)
+    server = await _launch(spec, tmp_path)
+    async with server, aprof.Profiler(cfg) as prof:
+        prof.add_target(server.adapter(replica=0))
+        answers, errors = await _run_steps(prof, server.base_url, tiny_model, 6)
+    assert errors == []
+    assert len(answers) == 6 * CONCURRENT
+    summary = _window_summary(prof)
+    window = {
+        "target": "replica_0",
+        "state": "done",
+        "stop_reason": "auto_stop",
+        "forward_steps.requested": FORWARD_STEPS,
+        "forward_steps.observed": FORWARD_STEPS,
+        "forward_steps.enforced_by": "server",
+    }
+    assert_windows(prof.manifest, [{**window, "step": n} for n in (1, 2, 5)])
+    for record in prof.manifest.windows:
+        files = [f.path for f in record.files]
+        assert files, summary
+        assert all(f.startswith(f"step_{record.step}/rollout/replica_0/") for f in files), files
+        traces = [save_path / f for f in files if f.endswith(".trace.json.gz")]
+        assert [count_sglang_steps(t) for t in traces] == [FORWARD_STEPS], summary
+    assert spec.profiler_dir is not None
+    left = list(spec.profiler_dir.iterdir()) if spec.profiler_dir.is_dir() else []
+    assert left == [], "traces left behind in the server's own trace folder"
+
+
+async def test_server_killed_mid_window_fails_only_that_window(
+    tmp_path: Path, tiny_model: Path, owned_env: dict[str, str]
+) -> None:
+    """SIGKILL to the server while step 2's window runs: step 1's window is done, step 2's
+    failed, step 3's cannot start; no exception reaches the loop, the profiler closes."""
+    save_path = tmp_path / "profile"
+    cfg = _config(save_path, [1, 2, 3])
+    spec = _spec(cfg, tiny_model, owned_env)
+    server = await _launch(spec, tmp_path)
+    async with server, aprof.Profiler(cfg) as prof:
+        prof.add_target(server.adapter(replica=0))
+        answers, errors = await _run_steps(
+            prof, server.base_url, tiny_model, 4, kill_in_step=2, server=server
+        )
+    assert len(answers) == CONCURRENT, (answers, errors)  # step 1's; later ones fail
+    assert len(errors) == 3 * CONCURRENT, errors
+    summary = _window_summary(prof)
+    assert_windows(
+        prof.manifest,
+        [
+            {"step": 1, "target": "replica_0", "state": "done", "stop_reason": "auto_stop"},
+            {"step": 2, "target": "replica_0", "state": "failed"},
+            {"step": 3, "target": "replica_0", "state": "failed"},
+        ],
+    )
+    for record in prof.manifest.windows[1:]:
+        assert record.error, summary
+    assert (save_path / "manifest.json").is_file()
