@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -251,3 +252,34 @@ async def test_server_killed_mid_window_fails_only_that_window(
     for record in prof.manifest.windows[1:]:
         assert record.error, summary
     assert (save_path / "manifest.json").is_file()
+
+
+async def test_the_demo_profiles_a_running_sglang_server(
+    tmp_path: Path, tiny_model: Path, owned_env: dict[str, str]
+) -> None:
+    """``aprof demo --server sglang URL`` against the real server: its windows auto-stop after
+    the forward steps asked for, and their traces land in the demo's folders."""
+    cfg = _config(tmp_path / "launch", [1])
+    spec = _spec(cfg, tiny_model, owned_env)
+    out = tmp_path / "demo"
+    async with await _launch(spec, tmp_path) as server:
+        demo = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "aprof", "demo", "--server", "sglang", server.base_url,
+            "--num-steps", "3", "--steps", "1,3", "--concurrency", "4",
+            "--forward-steps", str(FORWARD_STEPS), "--out", str(out),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        stdout, stderr = await asyncio.wait_for(demo.communicate(), timeout=600)
+    output = (stdout + stderr).decode()
+    assert demo.returncode == 0, output
+    window = {"target": "replica_0", "state": "done", "stop_reason": "auto_stop"}
+    assert_windows(
+        out,
+        [{**window, "step": n, "forward_steps.observed": FORWARD_STEPS} for n in (1, 3)]
+        + [{"step": n, "target": "trainer", "state": "done"} for n in (1, 3)],
+    )
+    for record in aprof.load_manifest(out).windows:
+        if record.kind == "rollout":
+            names = [Path(f.path).name for f in record.files]
+            assert [n for n in names if n.endswith("-TP-0.trace.json.gz")], names
+    assert "Traceback" not in output, output
