@@ -19,8 +19,26 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 import aiohttp
 import structlog
 
-from aprof import CaptureResult, LimitsConfig, TargetKind, TimeoutsConfig, Window, describe
+from aprof import (
+    CaptureResult,
+    CountSource,
+    LimitsConfig,
+    TargetKind,
+    TimeoutsConfig,
+    Window,
+    describe,
+)
 from servers._http import ServerClient, ServerError, restart_error
+
+
+def observed_steps(
+    traced: int | None, counted: int | None
+) -> tuple[int | None, CountSource | None]:
+    """A window's forward steps and where they come from: what its traces hold beats the
+    server's counter, which stands in when no trace could be read."""
+    if traced is not None:
+        return traced, "trace"
+    return counted, None if counted is None else "counter"
 
 
 class _Held(Protocol):

@@ -16,8 +16,8 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
-from aprof import CaptureResult, CountSource, LimitsConfig, TimeoutsConfig, Window
-from servers._adapter import HTTPAdapter
+from aprof import CaptureResult, LimitsConfig, TimeoutsConfig, Window
+from servers._adapter import HTTPAdapter, observed_steps
 from servers._http import ServerError
 from servers.trace_files import outputs, sglang_steps_in
 from servers.versions import Version, parse_version, version_text
@@ -147,10 +147,7 @@ class SGLangServer(HTTPAdapter[_Capture]):
         restarted = capture.counter is not None and count is not None and count < capture.counter
         counted = not (self.npu or restarted)
         traced = await asyncio.to_thread(sglang_steps_in, files) if counted else None
-        observed = traced if traced is not None else _observed(capture, count)
-        counted_from: CountSource | None = (
-            "trace" if traced is not None else None if observed is None else "counter"
-        )
+        observed, counted_from = observed_steps(traced, _observed(capture, count))
         return CaptureResult(
             files=files,
             forward_steps=observed,

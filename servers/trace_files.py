@@ -250,11 +250,16 @@ def count_sglang_steps(path: str | os.PathLike[str], *, limit: int = MAX_TRACE_B
     return _annotations(_trace_events(path, limit), lambda name: name.startswith(_SGLANG_STEP))
 
 
-def _count_or_none(path: Path, count: Callable[[Path], int] = count_vllm_iterations) -> int | None:
-    try:
-        return count(path)
-    except (OSError, EOFError, ValueError, zlib.error):  # unreadable, cut short, corrupt, large
-        return None
+def _largest_count(traces: list[Path], count: Callable[[Path], int]) -> int | None:
+    """The largest ``count`` of ``traces`` (each rank writes one of the same steps); ``None``
+    if none is readable."""
+    counts = []
+    for path in traces:
+        try:
+            counts.append(count(path))
+        except (OSError, EOFError, ValueError, zlib.error):  # unreadable, cut short, corrupt, large
+            continue
+    return max(counts) if counts else None
 
 
 def is_vllm_worker_trace(path: Path) -> bool:
@@ -268,9 +273,7 @@ def vllm_steps_in(files: tuple[Path, ...] | list[Path]) -> int | None:
     Each rank writes one worker trace of the same engine steps, so the largest count is the
     capture's.
     """
-    counts = [_count_or_none(f) for f in files if is_vllm_worker_trace(f)]
-    readable = [c for c in counts if c is not None]
-    return max(readable) if readable else None
+    return _largest_count([f for f in files if is_vllm_worker_trace(f)], count_vllm_iterations)
 
 
 def sglang_steps_in(files: tuple[Path, ...] | list[Path]) -> int | None:
@@ -280,6 +283,4 @@ def sglang_steps_in(files: tuple[Path, ...] | list[Path]) -> int | None:
     Each TP/DP rank writes one trace of the same forward passes, so the largest count is the
     capture's.
     """
-    counts = [_count_or_none(f, count_sglang_steps) for f in files if _SGLANG_TRACE.search(f.name)]
-    readable = [c for c in counts if c is not None]
-    return max(readable) if readable else None
+    return _largest_count([f for f in files if _SGLANG_TRACE.search(f.name)], count_sglang_steps)

@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from aprof import CaptureResult, CountSource, LimitsConfig, TimeoutsConfig, Window
-from servers._adapter import HTTPAdapter
+from aprof import CaptureResult, LimitsConfig, TimeoutsConfig, Window
+from servers._adapter import HTTPAdapter, observed_steps
 from servers._http import ServerError
 from servers.trace_files import listing, relocate, vllm_prefix, vllm_steps_in
 from servers.versions import Version, parse_version, version_text
@@ -145,11 +145,7 @@ class VLLMServer(HTTPAdapter[_Capture]):
         files, note = await self._collect(capture, self._opened_version())
         observed, auto_stopped = self._observed(capture, count)
         traced = await asyncio.to_thread(vllm_steps_in, files)
-        counted_from: CountSource | None
-        if traced is not None:  # what the capture holds beats the counter
-            observed, counted_from = traced, "trace"
-        else:
-            counted_from = None if observed is None else "counter"
+        observed, counted_from = observed_steps(traced, observed)
         return CaptureResult(
             files=files,
             forward_steps=observed,

@@ -137,9 +137,7 @@ class Span:
         self._end(now_ns(), _note(exc_type))
 
     async def __aenter__(self) -> Span:
-        self._begin = now_ns()
-        self._recorder.open.add(self)
-        return self
+        return self.__enter__()
 
     async def __aexit__(
         self,
