@@ -48,6 +48,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_request.py", *session.posargs)
     session.run("python", "benchmarks/bench_agentloop.py")
     session.run("python", "benchmarks/bench_long_run.py")
+    session.run("python", "benchmarks/bench_ray.py")
 
 
 @nox.session(python="3.11", default=False)

@@ -57,10 +57,12 @@ class LLMClient:
 
     Use as ``async with LLMClient(urls, prof=prof) as llm:``. Each request goes to the replica
     the :class:`ReplicaBalancer` picks, inside ``prof.request(replica=..., request_id=...)``
-    (gated while that replica's capture starts, counted, recorded); with ``prof=None`` nothing
-    is profiled. ``api`` is ``"openai"`` (``/v1/completions``) or ``"sglang"`` (``/generate``).
-    A request is sent once: only a connection that could not be made (nothing sent) is tried
-    on another replica, each at most once. ``timeout_s`` bounds each request from the moment
+    (gated while that replica's capture starts, counted, recorded); ``prof`` is an
+    :class:`aprof.Profiler`, or in another Ray process ``aprof.ray.connect(...)``'s remote
+    profiler; with ``prof=None`` nothing is profiled. ``api`` is ``"openai"``
+    (``/v1/completions``) or ``"sglang"`` (``/generate``). A request is sent once: only a
+    connection that could not be made (nothing sent) is tried on another replica, each at
+    most once. ``timeout_s`` bounds each request from the moment
     aprof admits it to the last byte of the answer; ``connect_timeout_s`` bounds connecting.
     """
 
@@ -70,7 +72,7 @@ class LLMClient:
         *,
         api: Api = "openai",
         model: str | None = None,
-        prof: aprof.Profiler | None = None,
+        prof: aprof.RolloutProfiler | None = None,
         api_key: str | None = None,
         stream: bool = False,
         timeout_s: float = 300.0,

@@ -24,6 +24,7 @@ from aprof._errors import CaptureError, ConfigError, describe
 from aprof._logging import configure_logging
 from aprof._manifest import Manifest, ManifestError, RankCapture, WindowRecord, load_manifest
 from aprof._scheduler import Profiler
+from aprof._sharing import RolloutProfiler
 from aprof._steps import StepSelection
 from aprof._timeline.recorder import Request, timeline_backend
 from aprof._verl import from_verl
@@ -48,6 +49,7 @@ __all__ = [
     "ProfilerConfig",
     "RankCapture",
     "Request",
+    "RolloutProfiler",
     "StepSelection",
     "TargetKind",
     "TimeoutsConfig",

@@ -172,6 +172,8 @@ class TimelineFile(_Model):
     """Events that did not fit into ``timeline.buffer_events`` and were not recorded."""
     recorder: Literal["c", "python"] | None = None
     """Which recorder recorded it (``aprof.timeline_backend()``); absent in older manifests."""
+    host: str | None = None
+    """The machine the process ran on; absent in older manifests."""
 
 
 class Manifest(_Model):

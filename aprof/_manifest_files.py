@@ -108,6 +108,13 @@ class ManifestFiles:
             self._step(note.step).notes.append(note)
             self.changed(note.step)
 
+    def window(self, step: int, target: str) -> WindowRecord | None:
+        """The record of ``target``'s window of ``step``, if that step is still held."""
+        held = self._steps.get(step)
+        if held is None:
+            return None
+        return next((w for w in held.windows if w.target == target), None)
+
     def changed(self, step: int | None) -> None:
         """Something of ``step`` (``None``: of the run) changed: write it soon."""
         if step is None:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import secrets
+import socket
 import time
 from collections.abc import Awaitable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +31,7 @@ from aprof._manifest import (
     WindowRecord,
 )
 from aprof._manifest_files import ManifestFiles
+from aprof._sharing import Link, RemotePhase, Report, RolloutView
 from aprof._state_machine import Phase, TargetMachine, WindowRun
 from aprof._timeline.events import AttrValue, now_ns
 from aprof._timeline.recorder import BACKEND, NULL_SPAN, Gate, NullSpan, Request, Span
@@ -101,6 +103,11 @@ class Profiler:
         )
         self._recorder = None if self._timeline is None else self._timeline.recorder
         self._step_began = 0
+        self._link: Link | None = None
+        """The transport to other processes this profiler is shared with (``aprof.ray``)."""
+        self._own_timeline: list[TimelineFile] = []
+        self._remote_timeline: dict[str, list[TimelineFile]] = {}
+        """Other processes' timeline files, by process, as they last reported them."""
 
     # -- public API -------------------------------------------------------------------------
 
@@ -235,6 +242,8 @@ class Profiler:
                 self._close(run, "run_end")
             self._open_roles.clear()
             await self._wait(self._tasks, self._bound())
+            if self._link is not None:
+                await self._link.aclose()
             for machine in self._machines.values():
                 try:
                     await machine.aclose()
@@ -283,12 +292,18 @@ class Profiler:
                 self._close(run, "step_end")
                 del self._open_roles[name]
         self._gate.step = n
-        if not selected:
-            return
-        if n in self._entered:
+        if selected and n in self._entered:
             self._note(n, None, f"step {n} entered again: its windows were captured before")
-            return
-        self._entered.add(n)
+        elif selected:
+            self._entered.add(n)
+            await self._open_step(n)
+        if self._link is not None:
+            self._link.changed()
+            await self._link.entered(n)
+
+    async def _open_step(self, n: int) -> None:
+        """Open the windows of selected step ``n`` and wait for those it waits for."""
+        cfg = self.config
         try:
             if self._disk_error is not None:  # has the disk come back? (told before this returns)
                 await self._files.flush(cfg.timeouts.connect_s)
@@ -372,6 +387,8 @@ class Profiler:
             roles.append(run)
             del self._open_roles[name]
         self._gate.step = None
+        if self._link is not None:
+            self._link.changed()
         return rollouts, roles
 
     # -- requests ---------------------------------------------------------------------------
@@ -417,6 +434,67 @@ class Profiler:
             return None
         self._step_rollout[replica] = run = self._open_window(machine, self._gate.step)
         return run
+
+    # -- other processes (a Link: aprof.ray) -------------------------------------------------
+
+    def _rollout_view(self, version: int) -> RolloutView:
+        """The open step and where each selected replica's window of it stands."""
+        phases: dict[int, RemotePhase] = {}
+        if self._gate.live:
+            due = self.config.rollout.start == "on_first_request"
+            for replica in self._replicas:
+                if not self.config.rollout.selects(replica):
+                    continue
+                run = self._step_rollout.get(replica)
+                if run is not None:
+                    phases[replica] = _remote_phase(run)
+                elif due:
+                    phases[replica] = "due"
+        return RolloutView(version, self._gate.step, self._gate.live, phases)
+
+    def _open_for(self, step: int, replica: int) -> None:
+        """Another process's first request of ``step`` to ``replica``: open its window if it
+        is due (as a request of this process would), and tell the others where it stands."""
+        on_first_request = self.config.rollout.start == "on_first_request"
+        run = None
+        if step == self._gate.step and self._gate.live and on_first_request:
+            run = self._rollout_run(replica)
+        # A window that starts tells the others itself (``_changed``); else tell them here.
+        if self._link is not None and (run is None or run.phase is not Phase.STARTING):
+            self._link.changed()
+
+    def _take_report(self, process: str, report: Report) -> None:
+        """Add what ``process`` counted to its windows, and list its timeline files."""
+        for c in report.counts:
+            machine = self._replicas.get(c.replica)
+            if machine is None:
+                continue
+            target = machine.target.name
+            run = self._live.get((c.step, target))
+            if run is not None:
+                run.admitted += c.admitted
+                run.gated += c.gated
+                self._files.changed(c.step)
+            elif (record := self._files.window(c.step, target)) is not None:
+                counts = record.requests
+                counts.admitted, counts.gated = counts.admitted + c.admitted, counts.gated + c.gated
+                self._files.changed(c.step)
+            elif c.admitted:
+                self._note(
+                    c.step, target, f"{process}: {c.admitted} request(s) reported too late to count"
+                )
+            if c.ungated:
+                self._note(
+                    c.step,
+                    target,
+                    f"{process}: {c.ungated} request(s) went ahead ungated and uncounted: the "
+                    f"driver did not answer within timeouts.start_s",
+                )
+        if report.timeline:
+            self._remote_timeline[process] = [
+                TimelineFile.model_validate(e) for e in report.timeline
+            ]
+            self._list_timeline()
 
     # -- windows ----------------------------------------------------------------------------
 
@@ -503,6 +581,8 @@ class Profiler:
         if event == "done":
             self._flag_if_large(run)
         self._files.changed(run.window.step)
+        if self._link is not None and run.window.kind == "rollout":
+            self._link.changed()
 
     def _note(self, step: int | None, target: str | None, text: str) -> None:
         """Write down something about a window that is not a failure."""
@@ -622,10 +702,19 @@ class Profiler:
                 events=written.events,
                 dropped=written.dropped,
                 recorder=BACKEND,
+                host=socket.gethostname(),
             )
             for path, written in timeline.files()
         ]
-        if entries and self._manifest.timeline != entries:
+        if entries:
+            self._own_timeline = entries
+            self._list_timeline()
+
+    def _list_timeline(self) -> None:
+        """Bring the manifest's timeline list up to date: this process's files, then the
+        others' as they reported them."""
+        entries = self._own_timeline + [e for f in self._remote_timeline.values() for e in f]
+        if self._manifest.timeline != entries:
             self._manifest.timeline = entries
             self._files.changed(None)
 
@@ -662,6 +751,18 @@ class _Step:
         tb: TracebackType | None,
     ) -> None:
         await self._prof._leave_step(self._n, exc)
+
+
+def _remote_phase(run: WindowRun) -> RemotePhase:
+    phase = run.phase
+    if phase is Phase.QUEUED:
+        return "queued"
+    if phase is Phase.STARTING:
+        return "starting"
+    if phase is Phase.ACTIVE:
+        return "active"
+    started = run.record.started_ns is not None or run.start_task is None
+    return "ended" if started else "failed"
 
 
 def _role_of(target: CaptureTarget) -> str:

@@ -10,7 +10,7 @@ import pytest
 
 import aprof
 import aprof.ray
-from aprof.ray import _capture
+from aprof.ray._workers import _capture
 
 MakeConfig = Callable[..., aprof.ProfilerConfig]
 

@@ -1,8 +1,4 @@
-"""Ray actors as engine workers: a profiler inside each actor, a worker group in the driver.
-
-``import aprof.ray`` works without Ray installed; :func:`worker_group` needs it
-(``pip install 'aprof[ray]'``).
-"""
+"""Ray actors as engine workers: a profiler inside each actor, a worker group in the driver."""
 
 from __future__ import annotations
 
@@ -14,8 +10,6 @@ from aprof._capture import CaptureFile, WorkerCapture
 from aprof._config import ConfigSource
 from aprof._worker import WorkerProfiler
 from aprof._worker_group import LocalWorker, WorkerGroup
-
-__all__ = ["ProfilerMixin", "worker_group"]
 
 
 class ProfilerMixin:

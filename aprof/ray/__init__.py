@@ -1,0 +1,13 @@
+"""aprof on Ray: engine workers as Ray actors, and one profiler shared by many processes.
+
+``worker_group`` and ``ProfilerMixin``: each engine rank's profiler inside its actor, driven
+from the driver. ``share`` and ``connect``: agent loops in other processes gate, count and
+record through the driver's profiler. ``import aprof.ray`` works without Ray installed; the
+functions need it (``pip install 'aprof[ray]'``).
+"""
+
+from aprof.ray._remote import RemoteProfiler, connect
+from aprof.ray._share import ShareHandle, share
+from aprof.ray._workers import ProfilerMixin, worker_group
+
+__all__ = ["ProfilerMixin", "RemoteProfiler", "ShareHandle", "connect", "share", "worker_group"]

@@ -1,0 +1,214 @@
+"""The hub: a Ray actor that stands between the driver's profiler and the other processes.
+
+A Ray driver cannot be called by its actors, so the driver keeps a small async actor, the
+hub, on its node. The driver publishes its :class:`RolloutView` to the hub and long-polls it
+for mail (first requests that open a window, the processes' reports); every other process
+long-polls it for the view, handing in its report with each poll, and asks it for the
+outcome of a window that is due or starting. Every wait here is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from aprof._sharing import Counts, Report, RolloutView
+
+Answer = Literal["active", "started", "failed", "go"]
+"""What a request learns by asking: the window was active; it was due or starting and is now
+active (the request was gated); its start failed (gated, not captured); or the request goes
+uncounted (no window, queued, or the step is over)."""
+
+WATCH_S: Final = 10.0
+"""A process's watch returns after this long without news: its report flows at least this
+often, and a hub that is gone is noticed within it."""
+MAX_CALLS: Final = 10_000
+"""Calls the hub serves at once: one watch per process, one ask per (process, replica)."""
+
+
+@dataclass
+class _Process:
+    seen: int = -1
+    """The newest view version the process has applied."""
+    watching: bool = False
+    lagging: bool = False
+    """It did not take a step in time: steps do not wait for it until it catches up."""
+    closed: bool = False
+
+
+class Hub:
+    """The hub's state and calls (the Ray actor wraps this class)."""
+
+    def __init__(self, *, start_s: float, connect_s: float) -> None:
+        self._start_s = start_s
+        self._connect_s = connect_s
+        self._view = RolloutView(0, None, False, {})
+        self._news = asyncio.Condition()
+        """Notified when the view changes or a process has seen a newer one."""
+        self._mail = asyncio.Condition()
+        """Notified when an ask or a report waits for the driver."""
+        self._processes: dict[str, _Process] = {}
+        self._asks: set[tuple[int, int]] = set()
+        self._reports: dict[str, Report] = {}
+        self._woken = False
+
+    # -- the driver's calls -------------------------------------------------------------------
+
+    async def publish(self, view: RolloutView) -> None:
+        """Take the driver's view, unless a newer one came first."""
+        if view.version > self._view.version:
+            self._view = view
+            async with self._news:
+                self._news.notify_all()
+
+    async def entered(self, version: int) -> list[str]:
+        """Wait (at most ``connect_s``) until every process that joined has seen
+        ``version``; returns those that did not, which steps no longer wait for."""
+
+        def behind() -> list[str]:
+            return [
+                name
+                for name, p in self._processes.items()
+                if not p.lagging and not p.closed and p.seen < version
+            ]
+
+        try:
+            async with asyncio.timeout(self._connect_s), self._news:
+                await self._news.wait_for(lambda: not behind())
+            return []
+        except TimeoutError:
+            late = behind()
+            for name in late:
+                self._processes[name].lagging = True
+            return late
+
+    async def pull(self, wait_s: float) -> tuple[list[tuple[int, int]], dict[str, Report]]:
+        """The asks and reports waiting for the driver (waiting up to ``wait_s`` for some)."""
+        try:
+            async with asyncio.timeout(wait_s), self._mail:
+                await self._mail.wait_for(lambda: bool(self._asks or self._reports or self._woken))
+        except TimeoutError:
+            pass
+        self._woken = False
+        asks, self._asks = sorted(self._asks), set()
+        reports, self._reports = self._reports, {}
+        return asks, reports
+
+    async def wake(self) -> None:
+        """Have the driver's pull in flight return now (the driver is closing)."""
+        self._woken = True
+        async with self._mail:
+            self._mail.notify_all()
+
+    def processes(self) -> dict[str, str]:
+        """Each process and where it stands: ``closed``, ``lagging``, ``watching`` or
+        ``registered`` (it never watched)."""
+        return {
+            name: "closed"
+            if p.closed
+            else "lagging"
+            if p.lagging
+            else "watching"
+            if p.watching
+            else "registered"
+            for name, p in self._processes.items()
+        }
+
+    # -- the other processes' calls -------------------------------------------------------------
+
+    def register(self, role: str, rank: int | None) -> tuple[str, RolloutView]:
+        """A process joins: its unique name (``<role>_<rank>``, the next free rank if none is
+        given, with ``-2``, ``-3``… for a name taken before) and the view now."""
+        if rank is None:
+            rank = 0
+            while f"{role}_{rank}" in self._processes:
+                rank += 1
+        name = base = f"{role}_{rank}"
+        again = 1
+        while name in self._processes:
+            again += 1
+            name = f"{base}-{again}"
+        self._processes[name] = _Process(seen=self._view.version)
+        return name, self._view
+
+    async def watch(self, name: str, seen: int, report: Report | None) -> RolloutView:
+        """Hand in ``report``; returns the view once it is newer than ``seen`` (at most
+        ``WATCH_S`` later)."""
+        process = self._processes.setdefault(name, _Process())
+        process.watching = True
+        if report is not None:
+            await self._file(name, report)
+        if seen > process.seen:
+            process.seen = seen
+            if seen >= self._view.version:
+                process.lagging = False
+            async with self._news:
+                self._news.notify_all()
+        try:
+            async with asyncio.timeout(WATCH_S), self._news:
+                await self._news.wait_for(lambda: self._view.version > seen)
+        except TimeoutError:
+            pass
+        return self._view
+
+    async def ask(self, step: int, replica: int) -> tuple[Answer, int]:
+        """The outcome for a request of ``step`` to ``replica`` whose window is due or
+        starting, and the version of the view it was read from: waits while the window is
+        due or starting (at most ``start_s`` and ``connect_s``)."""
+        arrival = self._phase(step, replica)
+        if arrival not in ("due", "starting"):
+            return ("active" if arrival == "active" else "go"), self._view.version
+        if arrival == "due":
+            self._asks.add((step, replica))
+            async with self._mail:
+                self._mail.notify_all()
+        saw_start = arrival == "starting"
+
+        def settled() -> bool:
+            nonlocal saw_start
+            phase = self._phase(step, replica)
+            saw_start = saw_start or phase == "starting"
+            return phase not in ("due", "starting")
+
+        try:
+            async with asyncio.timeout(self._start_s + self._connect_s), self._news:
+                await self._news.wait_for(settled)
+        except TimeoutError:
+            pass
+        final, version = self._phase(step, replica), self._view.version
+        if final in ("active", "ended"):
+            return "started", version
+        return ("failed" if saw_start or final == "failed" else "go"), version
+
+    async def close(self, name: str, report: Report) -> None:
+        """The process's last report: it closed its remote profiler."""
+        self._processes.setdefault(name, _Process()).closed = True
+        report.closed = True
+        await self._file(name, report)
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _phase(self, step: int, replica: int) -> str | None:
+        view = self._view
+        return view.phases.get(replica) if view.step == step else None
+
+    async def _file(self, name: str, report: Report) -> None:
+        """Keep ``report`` for the driver, summed with what is still waiting from ``name``."""
+        if not (report.counts or report.timeline or report.closed):
+            return
+        waiting = self._reports.get(name)
+        if waiting is None:
+            self._reports[name] = report
+        else:
+            sums: dict[tuple[int, int], list[int]] = {}
+            for c in (*waiting.counts, *report.counts):
+                total = sums.setdefault((c.step, c.replica), [0, 0, 0])
+                total[0] += c.admitted
+                total[1] += c.gated
+                total[2] += c.ungated
+            waiting.counts = [Counts(s, r, *t) for (s, r), t in sums.items()]
+            waiting.timeline = report.timeline or waiting.timeline
+            waiting.closed = waiting.closed or report.closed
+        async with self._mail:
+            self._mail.notify_all()

@@ -1,0 +1,330 @@
+"""Any other process's side: ``connect(handle)`` gives a profiler that gates, counts and
+records through the driver's."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from aprof._config import ProfilerConfig, load_config
+from aprof._errors import describe
+from aprof._layout import OutputLayout, check_name
+from aprof._logging import logger
+from aprof._manifest import Clock, TimelineFile
+from aprof._sharing import Counts, Report, RolloutView
+from aprof._timeline.events import SPAN, AttrValue, now_ns
+from aprof._timeline.recorder import BACKEND, NULL_SPAN, Gate, NullSpan, Request, Span
+from aprof._timeline.timeline import Timeline
+from aprof.ray._hub import WATCH_S, Answer
+from aprof.ray._share import ShareHandle
+
+_ASKING = ("due", "starting")
+"""Phases in which a process asks the driver before its first request goes."""
+JOIN_S = 60.0
+"""How long ``connect`` waits for the hub: workers are often made together with the hub,
+which, like any Ray actor, may take seconds to start on a busy node."""
+UNGATED = "aprof: requests ungated"
+"""The timeline span of an ask the driver did not answer: the requests of its step and
+replica go ungated and uncounted (the span's note says why)."""
+
+
+def connect(
+    handle: ShareHandle, *, role: str = "agent_loop_worker", rank: int | None = None
+) -> RemoteProfiler:
+    """Join the driver's profiler behind ``handle`` from this Ray process.
+
+    The process is named ``<role>_<rank>`` (the hub picks the next free rank if none is
+    given); its timeline is ``timeline/<name>.trace.json.gz`` below the driver's
+    ``save_path``. Call it in an async actor's constructor (which runs in the actor's event
+    loop) or inside the event loop the requests run in. A hub that cannot be reached within
+    ``JOIN_S`` (60 s, or ``timeouts.connect_s`` if longer) leaves a profiler whose requests go
+    ungated and uncounted.
+    """
+    if not isinstance(handle, ShareHandle):
+        raise TypeError(f"connect() takes aprof.ray.share(prof)'s handle, not {handle!r}")
+    check_name(role, "role")
+    if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 0):
+        raise ValueError(f"rank must be an integer >= 0 or None, got {rank!r}")
+    config = load_config(handle.config)
+    gone: str | None = None
+    try:
+        # Not ray.get: this may run in an async actor's loop, where Ray warns about that.
+        joined = handle.hub.register.remote(role, rank).future()
+        name, view = joined.result(timeout=max(JOIN_S, config.timeouts.connect_s))
+    except Exception as exc:  # the hub is gone or slow: this process goes on alone
+        gone = describe(exc)
+        name = f"{role}_{rank}" if rank is not None else f"{role}-{os.getpid()}"
+        view = RolloutView(0, None, False, {})
+        logger.warning("aprof hub not reached", process=name, error=gone)
+    return RemoteProfiler(handle, config, name, view, gone)
+
+
+class RemoteProfiler:
+    """The driver's profiler as one other process sees it: :meth:`request`, :meth:`span` and
+    :attr:`current_step`, as on :class:`aprof.Profiler`; :meth:`aclose` at the end.
+
+    A request's first to a replica in a step asks the driver (one round trip, shared by the
+    requests that come meanwhile); after that, its requests to that replica in that step are
+    admitted locally. Counts and timeline files reach the driver with the next watch.
+    """
+
+    def __init__(
+        self,
+        handle: ShareHandle,
+        config: ProfilerConfig,
+        name: str,
+        view: RolloutView,
+        gone: str | None,
+    ) -> None:
+        self.name = name
+        """This process's name: its timeline's file name and its name in the driver's notes."""
+        self.config = config
+        self._hub = handle.hub
+        self._gone = gone
+        """Why the hub cannot be reached, if it cannot."""
+        self._gate = Gate(self._admit)
+        self._view = RolloutView(-1, None, False, {})
+        self._known: dict[tuple[int, int], str | None] = {}
+        """What asks settled since the view last changed: ``active`` (admit locally) or
+        ``go`` (let go uncounted); ``None``: the driver did not answer in time, the rest go
+        ungated."""
+        self._waiting: dict[tuple[int, int], list[tuple[Request, asyncio.Future[Request]]]] = {}
+        """The requests waiting for each ask that is out."""
+        self._asks: set[asyncio.Task[None]] = set()
+        self._counts: dict[tuple[int, int], list[int]] = {}
+        """Per (step, replica): admitted, gated, ungated, since the last report."""
+        self._sent_timeline: list[dict[str, object]] = []
+        self._watching: asyncio.Task[None] | None = None
+        self._closed = False
+        self._host = socket.gethostname()
+        self._root = Path(handle.save_path)
+        self._timeline = self._open_timeline(self._root)
+        self._recorder = None if self._timeline is None else self._timeline.recorder
+        self._apply(view)
+        self._watch()
+
+    @property
+    def current_step(self) -> int | None:
+        """The driver's open step, as this process last heard (one hub message behind it at
+        most; a step does not begin before every watching process has it)."""
+        self._watch()
+        return self._gate.step
+
+    def request(self, *, replica: int, request_id: str | None = None) -> Request:
+        """The context of one request to ``replica``, as :meth:`aprof.Profiler.request`."""
+        self._watch()
+        return Request(self._gate, self._recorder, replica, request_id)
+
+    def span(self, name: str, **attrs: AttrValue) -> Span | NullSpan:
+        """A span on this process's timeline, as :meth:`aprof.Profiler.span`."""
+        if self._recorder is None:
+            return NULL_SPAN
+        return Span(self._recorder, name, attrs, self._gate.step)
+
+    async def aclose(self) -> None:
+        """Write this process's timeline and hand its last counts and files to the driver
+        (at most ``timeouts.connect_s`` for the hub, ``timeouts.stop_s`` for the disk)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._watching is not None:
+            self._watching.cancel()
+            await asyncio.wait({self._watching})  # its report is with the hub, or comes next
+        if self._timeline is not None:
+            try:
+                async with asyncio.timeout(self.config.timeouts.stop_s):
+                    await self._timeline.aclose()
+            except TimeoutError:  # a slow disk: the write goes on in its thread
+                logger.warning("timeline not written in time", process=self.name)
+        report = self._report()
+        if self._gone is not None:
+            return
+        try:
+            async with asyncio.timeout(self.config.timeouts.connect_s):
+                await self._hub.close.remote(self.name, report)
+        except Exception as exc:
+            logger.warning("last report lost", process=self.name, error=describe(exc))
+
+    # -- admitting requests ---------------------------------------------------------------------
+
+    def _admit(self, req: Request) -> Awaitable[Request] | None:
+        view, step = self._view, req.step
+        if step is None or step != view.step:  # the gate is live only within a step
+            return None
+        key, phase = (step, req.replica), view.phases.get(req.replica)
+        known = self._known.get(key, "") if phase in _ASKING else ""
+        if phase == "active" or known == "active":  # the fast path: no round trip
+            self._count(key, 0)
+            req.captured = True
+            return None
+        if phase not in _ASKING or known == "go":
+            return None
+        if known is None:  # the driver did not answer this step's ask in time
+            self._count(key, 2)
+            return None
+        return self._wait_for_ask(req, key)
+
+    def _wait_for_ask(self, req: Request, key: tuple[int, int]) -> asyncio.Future[Request]:
+        """What ``req`` awaits: the answer to this process's ask for ``key``, asked now if
+        no ask is out. One plain future per request: thousands wait at once in a busy loop."""
+        loop = asyncio.get_running_loop()
+        waiting = self._waiting.get(key)
+        if waiting is None:
+            waiting = self._waiting[key] = []
+            # Sent now, not when the task first runs: that is after every coroutine already
+            # scheduled has come to this gate.
+            sent = None if self._gone is not None else self._hub.ask.remote(*key)
+            asking = loop.create_task(self._ask(key, sent))
+            self._asks.add(asking)
+            asking.add_done_callback(self._asks.discard)
+        answered: asyncio.Future[Request] = loop.create_future()
+        answered.add_done_callback(_end_if_cancelled(req))  # no __aexit__ follows
+        waiting.append((req, answered))
+        return answered
+
+    async def _ask(self, key: tuple[int, int], sent: Any) -> None:
+        """Wait for the driver's answer for ``key`` (asked by the hub call ``sent``), at
+        most ``timeouts.start_s``, and let the requests waiting for it go."""
+        answer: Answer | None = None
+        version, began = self._view.version, now_ns()
+        try:
+            if sent is not None:
+                async with asyncio.timeout(self.config.timeouts.start_s):
+                    answer, version = await sent
+        except TimeoutError:
+            logger.warning("driver did not answer in time", process=self.name, step=key[0])
+            self._mark(began, key, "no answer within timeouts.start_s")
+        except Exception as exc:
+            self._lost(exc)
+            self._mark(began, key, f"hub gone: {self._gone}")
+        finally:  # cancelled too (the loop closing): nobody is left waiting
+            self._release(key, answer)
+        if key[0] == self._view.step and version >= self._view.version:
+            self._known[key] = (
+                None if answer is None else "active" if answer in ("active", "started") else "go"
+            )
+
+    def _release(self, key: tuple[int, int], answer: Answer | None) -> None:
+        """Count the requests waiting for ``key`` as ``answer`` says and let them go."""
+        gated, captured = answer in ("started", "failed"), answer in ("active", "started")
+        # Not those cancelled meanwhile.
+        waiting = [(r, a) for r, a in self._waiting.pop(key) if not a.done()]
+        if answer != "go" and waiting:
+            counts = self._counts.setdefault(key, [0, 0, 0])
+            counts[2 if answer is None else 0] += len(waiting)
+            counts[1] += len(waiting) if gated else 0
+        for req, answered in waiting:
+            req.gated, req.captured = gated, captured
+            answered.set_result(req)
+
+    def _mark(self, began: int, key: tuple[int, int], why: str) -> None:
+        """Put on the timeline that requests of ``key`` went ungated from now on, and why."""
+        if self._timeline is not None:
+            step, replica = key
+            self._timeline.add((SPAN, UNGATED, began, now_ns(), step, why, "replica", replica))
+
+    def _count(self, key: tuple[int, int], which: int) -> None:
+        counts = self._counts.get(key)
+        if counts is None:
+            counts = self._counts[key] = [0, 0, 0]
+        counts[which] += 1
+
+    # -- keeping up with the driver -------------------------------------------------------------
+
+    def _watch(self) -> None:
+        """Keep watching the driver's view, from the first call in an event loop on."""
+        if self._watching is not None or self._closed or self._gone is not None:
+            return
+        with contextlib.suppress(RuntimeError):  # no event loop yet: the next call starts it
+            loop = asyncio.get_running_loop()
+            self._watching = loop.create_task(self._watch_hub(), name="aprof-hub-watch")
+
+    async def _watch_hub(self) -> None:
+        limit = WATCH_S + self.config.timeouts.connect_s
+        while True:
+            report = self._report()
+            try:
+                async with asyncio.timeout(limit):
+                    view = await self._hub.watch.remote(self.name, self._view.version, report)
+            except TimeoutError:  # slow, not gone: the next watch carries the next report
+                continue
+            except Exception as exc:
+                self._lost(exc)
+                return
+            self._apply(view)
+
+    def _apply(self, view: RolloutView) -> None:
+        if view.version <= self._view.version:
+            return
+        step_changed = view.step != self._view.step
+        self._view = view
+        self._gate.step, self._gate.live = view.step, view.live
+        self._known.clear()  # settled by an older view: the new one may differ (queued → starting)
+        if step_changed and self._timeline is not None:
+            self._timeline.flush()
+
+    def _report(self) -> Report:
+        counts, self._counts = self._counts, {}
+        report = Report(counts=[Counts(s, r, *c) for (s, r), c in counts.items()])
+        timeline = self._timeline_files()
+        if timeline != self._sent_timeline:
+            report.timeline = self._sent_timeline = timeline
+        return report
+
+    def _lost(self, exc: BaseException) -> None:
+        """The hub is gone: from now on requests go ungated and uncounted, and the step
+        stays the last one heard of."""
+        if self._gone is None:
+            self._gone = describe(exc)
+            logger.warning(
+                "aprof hub lost: requests go ungated", process=self.name, error=self._gone
+            )
+            view = self._view
+            self._view = RolloutView(view.version, view.step, False, {})
+            self._gate.live = False
+
+    # -- this process's timeline ----------------------------------------------------------------
+
+    def _open_timeline(self, root: Path) -> Timeline | None:
+        settings = self.config.timeline
+        if not settings.enable:
+            return None
+        try:
+            OutputLayout(root).check_writable()
+        except OSError as exc:
+            logger.warning(
+                "timeline off: save_path not writable here", path=str(root), error=str(exc)
+            )
+            return None
+        clock = Clock(wall_ns=time.time_ns(), monotonic_ns=time.monotonic_ns())
+        return Timeline(capacity=settings.buffer_events, root=root, process=self.name, clock=clock)
+
+    def _timeline_files(self) -> list[dict[str, object]]:
+        if self._timeline is None:
+            return []
+        return [
+            TimelineFile(
+                path=path.relative_to(self._root).as_posix(),
+                process=self.name,
+                bytes=w.bytes,
+                events=w.events,
+                dropped=w.dropped,
+                recorder=BACKEND,
+                host=self._host,
+            ).model_dump(mode="json")
+            for path, w in self._timeline.files()
+        ]
+
+
+def _end_if_cancelled(req: Request) -> Callable[[asyncio.Future[Request]], None]:
+    def end(answered: asyncio.Future[Request]) -> None:
+        if answered.cancelled():
+            req._end(now_ns(), "CancelledError")
+
+    return end

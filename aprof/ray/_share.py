@@ -1,0 +1,211 @@
+"""The driver's side: ``share(prof)`` starts the hub and keeps it and the profiler in step."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+from aprof._errors import describe
+from aprof._logging import logger
+from aprof._scheduler import Profiler
+from aprof._sharing import Report
+from aprof.ray._hub import MAX_CALLS, Hub
+
+PULL_S = 10.0
+"""The driver's pull of the hub's mail returns after this long without any."""
+
+_RAY_NEEDED = "aprof.ray.share needs Ray: pip install 'aprof[ray]'"
+
+
+@dataclass(frozen=True)
+class ShareHandle:
+    """What other Ray processes need to join a shared profiler: pass it to them (it pickles)
+    and call :func:`aprof.ray.connect` there."""
+
+    hub: Any
+    """The hub actor's handle."""
+    config: dict[str, Any]
+    """The driver's resolved configuration."""
+    save_path: str
+    """The driver's ``save_path``: other processes write their timelines below it."""
+    run_id: str
+    """The driver's run, as its manifest names it."""
+
+
+def share(prof: Profiler) -> ShareHandle:
+    """Share ``prof``, open and in its event loop, with other Ray processes.
+
+    Starts the hub actor on this node; the driver's profiler stays the one owner of every
+    window. Raises ``RuntimeError`` outside the profiler's event loop, before it is open or
+    without ``ray.init()``; sharing again returns the same handle.
+    """
+    try:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    except ImportError as exc:
+        raise ImportError(f"{_RAY_NEEDED} ({exc})") from exc
+    if isinstance(prof._link, _DriverLink):
+        return prof._link.handle
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        raise RuntimeError(
+            "aprof.ray.share(prof) runs in the profiler's event loop, inside `async with prof:`"
+        ) from None
+    if prof._status != "open":
+        raise RuntimeError("aprof.ray.share(prof): open the profiler first (`async with prof:`)")
+    if not ray.is_initialized():
+        raise RuntimeError("aprof.ray.share(prof): call ray.init() first")
+    timeouts = prof.config.timeouts
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    hub = (
+        ray.remote(Hub)
+        .options(
+            name=f"aprof-hub-{prof._run_id}",
+            num_cpus=0,
+            max_concurrency=MAX_CALLS,
+            scheduling_strategy=here,
+        )
+        .remote(start_s=timeouts.start_s, connect_s=timeouts.connect_s)
+    )
+    handle = ShareHandle(
+        hub=hub,
+        config=prof.config.model_dump(mode="json"),
+        save_path=str(prof.save_path),
+        run_id=prof._run_id,
+    )
+    link = _DriverLink(prof, handle)
+    prof._link = link
+    link.changed()
+    link.pulling = loop.create_task(link.pull(), name="aprof-hub-pull")
+    return handle
+
+
+class _DriverLink:
+    """The profiler's :class:`~aprof._sharing.Link` over the hub."""
+
+    def __init__(self, prof: Profiler, handle: ShareHandle) -> None:
+        self.prof = prof
+        self.handle = handle
+        self.pulling: asyncio.Task[None] | None = None
+        self._version = 0
+        self._gone: str | None = None
+        """Why the hub cannot be reached (said once)."""
+        self._closed: set[str] = set()
+        """Processes that closed their remote profiler."""
+        self._closing = False
+        """The profiler closes: the pull in flight is the last of the loop."""
+        self._log = logger.bind(run_id=handle.run_id)
+
+    def changed(self) -> None:
+        if self._gone is not None:
+            return
+        self._version += 1
+        # Not awaited: the hub takes views in version order whatever order they arrive in.
+        try:
+            self.handle.hub.publish.remote(self.prof._rollout_view(self._version))
+        except Exception as exc:  # called from the profiler's steps: never raise into them
+            self._lost(exc)
+
+    async def entered(self, step: int) -> None:
+        if self._gone is not None:
+            return
+        try:
+            async with asyncio.timeout(self.prof.config.timeouts.connect_s + 1.0):
+                late: list[str] = await self.handle.hub.entered.remote(self._version)
+        except TimeoutError:  # slow (starting, say), not gone: the step goes on
+            self._log.warning("aprof hub slow: step began before others knew it", step=step)
+            return
+        except Exception as exc:
+            self._lost(exc)
+            return
+        for name in late:
+            self.prof._note(
+                step,
+                None,
+                f"{name} did not take step {step} within timeouts.connect_s: steps no longer "
+                "wait for it until it answers again (it may be gone)",
+            )
+
+    async def pull(self) -> None:
+        """Take the hub's mail until the profiler closes: open the windows asked for, add
+        the reports."""
+        while not self._closing:
+            try:
+                async with asyncio.timeout(PULL_S + self.prof.config.timeouts.connect_s):
+                    asks, reports = await self.handle.hub.pull.remote(PULL_S)
+            except TimeoutError:
+                continue
+            except Exception as exc:
+                self._lost(exc)
+                return
+            self._deliver(asks, reports)
+
+    def _deliver(self, asks: list[tuple[int, int]], reports: dict[str, Report]) -> None:
+        for step, replica in asks:
+            self.prof._open_for(step, replica)
+        for name, report in reports.items():
+            try:
+                self.prof._take_report(name, report)
+            except Exception as exc:  # a report that does not parse costs itself only
+                self._log.warning("report not taken", process=name, error=describe(exc))
+            if report.closed:
+                self._closed.add(name)
+
+    async def aclose(self) -> None:
+        self._closing = True
+        hub = self.handle.hub
+        try:
+            # Not cancelled: a pull cancelled on its way back would lose the mail it took.
+            async with asyncio.timeout(self.prof.config.timeouts.connect_s + 1.0):
+                if self._gone is None:
+                    await hub.wake.remote()
+                if self.pulling is not None:
+                    await asyncio.shield(self.pulling)
+        except Exception as exc:
+            self._lost(exc)
+        if self.pulling is not None:
+            self.pulling.cancel()
+        if self._gone is not None:
+            _kill(hub)
+            return
+        try:
+            async with asyncio.timeout(self.prof.config.timeouts.connect_s + 1.0):
+                processes: dict[str, str] = await hub.processes.remote()
+                self._deliver(*await hub.pull.remote(0.0))
+        except Exception as exc:
+            self._lost(exc)
+            return
+        finally:
+            self._gone = "the profiler closed"
+            _kill(hub)
+        for name, state in processes.items():
+            if state != "closed" and name not in self._closed:
+                self.prof._note(
+                    None,
+                    None,
+                    f"{name} did not close its remote profiler ({state}): what it counted "
+                    "after its last report is not in the windows",
+                )
+
+    def _lost(self, exc: BaseException) -> None:
+        if self._gone is not None:
+            return
+        self._gone = describe(exc)
+        self._log.warning("aprof hub lost", error=self._gone)
+        self.prof._note(
+            self.prof.current_step,
+            None,
+            f"the hub shared with other processes is gone ({self._gone}): their requests "
+            "are no longer gated or counted",
+        )
+
+
+def _kill(hub: Any) -> None:
+    """End the hub: the processes still connected go on ungated and uncounted."""
+    import ray
+
+    with contextlib.suppress(Exception):
+        ray.kill(hub)

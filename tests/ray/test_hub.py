@@ -1,0 +1,147 @@
+"""The hub's rules without Ray: names, the answers to asks, steps waiting for processes, and
+reports summed while the driver does not pull; and the entry points' errors."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Callable
+
+import pytest
+
+import aprof
+import aprof.ray
+from aprof._sharing import Counts, RemotePhase, Report, RolloutView
+from aprof.ray._hub import Hub
+
+MakeConfig = Callable[..., aprof.ProfilerConfig]
+
+
+def _hub() -> Hub:
+    return Hub(start_s=5.0, connect_s=0.05)
+
+
+def _view(version: int, step: int | None, **phases: RemotePhase) -> RolloutView:
+    return RolloutView(version, step, step is not None, {int(r[1:]): p for r, p in phases.items()})
+
+
+def test_names_are_role_and_rank_and_never_given_twice() -> None:
+    hub = _hub()
+    assert hub.register("agent_loop_worker", None)[0] == "agent_loop_worker_0"
+    assert hub.register("agent_loop_worker", None)[0] == "agent_loop_worker_1"
+    assert hub.register("agent_loop_worker", 3)[0] == "agent_loop_worker_3"
+    assert hub.register("agent_loop_worker", 3)[0] == "agent_loop_worker_3-2"  # restarted
+    assert hub.register("reward", None)[0] == "reward_0"
+
+
+@pytest.mark.parametrize(
+    ("arrival", "then", "answer"),
+    [
+        ("active", [], "active"),
+        ("queued", [], "go"),
+        ("ended", [], "go"),
+        ("due", ["starting", "active"], "started"),
+        ("due", ["active"], "started"),
+        ("starting", ["active", "ended"], "started"),
+        ("starting", ["failed"], "failed"),
+        ("due", ["starting", "failed"], "failed"),
+        ("due", ["queued"], "go"),
+        ("due", [None], "go"),  # the step ended before the driver opened the window
+        ("starting", [None], "failed"),  # ... while it was starting: counted as waited for
+    ],
+)
+async def test_an_ask_waits_while_the_window_is_due_or_starting(
+    arrival: RemotePhase, then: list[RemotePhase | None], answer: str
+) -> None:
+    hub = _hub()
+    await hub.publish(_view(1, 4, r0=arrival))
+    asking = asyncio.create_task(hub.ask(4, 0))
+    await asyncio.sleep(0)  # lets the ask read its arrival phase (no waiting on time)
+    for version, phase in enumerate(then, start=2):
+        view = _view(version, 4, r0=phase) if phase is not None else _view(version, 5)
+        await hub.publish(view)
+    got, version = await asyncio.wait_for(asking, 5)
+    assert got == answer
+    assert version == len(then) + 1
+    asks, _ = await hub.pull(0)
+    assert asks == ([(4, 0)] if arrival == "due" else [])
+
+
+async def test_an_older_view_never_replaces_a_newer_one() -> None:
+    hub = _hub()
+    await hub.publish(_view(3, 2, r0="active"))
+    await hub.publish(_view(2, 2, r0="starting"))
+    assert await hub.ask(2, 0) == ("active", 3)
+
+
+async def test_a_step_waits_for_every_process_that_joined_until_it_lags() -> None:
+    hub = _hub()
+    name, view = hub.register("agent_loop_worker", None)
+    await hub.publish(_view(view.version + 1, 1))
+    entering = asyncio.create_task(hub.entered(view.version + 1))
+    news = await hub.watch(name, view.version, None)  # returns at once: there is news
+    assert news.step == 1
+    # Its next watch says it has applied the news: the step goes on.
+    confirming = asyncio.create_task(hub.watch(name, news.version, None))
+    assert await entering == []
+    confirming.cancel()
+    late = hub.register("agent_loop_worker", None)[0]  # this one never watches
+    await hub.publish(_view(view.version + 2, 2))
+    assert await hub.entered(view.version + 2) == [name, late]
+    assert hub.processes() == {name: "lagging", late: "lagging"}
+    await hub.publish(_view(view.version + 3, 3))
+    assert await hub.entered(view.version + 3) == []  # laggards are not waited for again
+    caught_up = asyncio.create_task(hub.watch(name, view.version + 3, None))
+    await asyncio.sleep(0)  # one pass of the loop: the watch has said what it has seen
+    assert hub.processes()[name] == "watching"  # waited for again
+    caught_up.cancel()
+
+
+async def test_reports_sum_up_until_the_driver_pulls() -> None:
+    hub = _hub()
+    name = hub.register("agent_loop_worker", None)[0]
+    await hub.publish(_view(1, 1))  # news: the watch returns at once
+    await hub.watch(name, 0, Report(counts=[Counts(1, 0, 5, 2, 0), Counts(1, 1, 3, 0, 0)]))
+    files = [{"path": "timeline/x.trace.json.gz"}]
+    await hub.close(name, Report(counts=[Counts(1, 0, 1, 0, 4)], timeline=files))
+    asks, reports = await hub.pull(0)
+    assert asks == []
+    report = reports[name]
+    assert sorted(report.counts) == [Counts(1, 0, 6, 2, 4), Counts(1, 1, 3, 0, 0)]
+    assert (report.timeline, report.closed) == (files, True)
+    assert hub.processes() == {name: "closed"}
+    assert await hub.pull(0) == ([], {})
+
+
+async def test_share_says_what_it_needs(make_config: MakeConfig) -> None:
+    prof = aprof.Profiler(make_config())
+    with pytest.raises(RuntimeError, match="open the profiler first"):
+        aprof.ray.share(prof)
+    async with prof:
+        ray = pytest.importorskip("ray")
+        if not ray.is_initialized():
+            with pytest.raises(RuntimeError, match=r"call ray\.init\(\) first"):
+                aprof.ray.share(prof)
+
+
+def test_share_outside_the_event_loop_says_where_it_runs(make_config: MakeConfig) -> None:
+    with pytest.raises(RuntimeError, match="in the profiler's event loop"):
+        aprof.ray.share(aprof.Profiler(make_config()))
+
+
+def test_connect_refuses_what_is_not_a_handle_a_role_or_a_rank() -> None:
+    with pytest.raises(TypeError, match=r"aprof\.ray\.share\(prof\)'s handle"):
+        aprof.ray.connect("hub")  # type: ignore[arg-type]
+    handle = aprof.ray.ShareHandle(hub=None, config={}, save_path="/tmp/x", run_id="r")
+    with pytest.raises(ValueError, match="role 'agent loop' is not path-safe"):
+        aprof.ray.connect(handle, role="agent loop")
+    with pytest.raises(ValueError, match="rank must be an integer >= 0"):
+        aprof.ray.connect(handle, rank=-1)
+
+
+def test_share_without_ray_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch, make_config: MakeConfig
+) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(ImportError, match=r"pip install 'aprof\[ray\]'"):
+        aprof.ray.share(aprof.Profiler(make_config()))

@@ -1,0 +1,384 @@
+"""One driver's profiler shared with agent-loop worker processes, on a real local Ray cluster.
+
+The driver's targets are aprof.testing.RecordingTargets (slow starts, held stops) or real
+reference servers in their own processes; the workers are Ray async actors that send
+concurrent requests through ``aprof.ray.connect``'s remote profiler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+import aprof
+import aprof.ray
+from aprof.ray._remote import UNGATED
+from aprof.testing import RecordingTarget, assert_windows
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'aprof[ray]')")
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+LIMIT_S = 120
+MakeConfig = Callable[..., aprof.ProfilerConfig]
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One request as its worker saw it."""
+
+    worker: int
+    replica: int
+    step: int | None
+    gated: bool
+    captured: bool
+    entered_ns: int
+    """Wall clock before ``async with`` began."""
+    admitted_ns: int
+    """Wall clock once it went ahead."""
+
+
+class LoopWorker:
+    """An agent-loop worker process: requests through the driver's shared profiler."""
+
+    def __init__(self, handle: aprof.ray.ShareHandle, rank: int) -> None:
+        self.rank = rank
+        self.remote = aprof.ray.connect(handle, rank=rank)
+        self.release = asyncio.Event()
+        self.held: list[asyncio.Task[Sent]] = []
+
+    def name(self) -> str:
+        return self.remote.name
+
+    def current_step(self) -> int | None:
+        return self.remote.current_step
+
+    async def send(self, count: int, replicas: int) -> list[Sent]:
+        """``count`` concurrent requests, request ``i`` to replica ``i % replicas``."""
+        return list(await asyncio.gather(*(self._one(i % replicas) for i in range(count))))
+
+    def hold(self, count: int, replicas: int) -> None:
+        """Begin ``count`` requests that stay in flight until :meth:`finish`."""
+        for i in range(count):
+            self.held.append(asyncio.create_task(self._one(i % replicas, self.release)))
+
+    def cancel_first(self) -> None:
+        """Cancel the first held request (it waits for its window's start)."""
+        self.held.pop(0).cancel()
+
+    async def finish(self) -> list[Sent]:
+        self.release.set()
+        held, self.held = self.held, []
+        return list(await asyncio.gather(*held))
+
+    async def close(self) -> None:
+        await self.remote.aclose()
+
+    async def _one(self, replica: int, until: asyncio.Event | None = None) -> Sent:
+        entered = time.time_ns()
+        async with self.remote.request(replica=replica, request_id=f"w{self.rank}") as req:
+            admitted = time.time_ns()
+            await (until.wait() if until is not None else asyncio.sleep(0))
+        return Sent(self.rank, replica, req.step, req.gated, req.captured, entered, admitted)
+
+
+Worker = ray.remote(LoopWorker)
+
+
+def _workers(handle: aprof.ray.ShareHandle, n: int) -> list[Any]:
+    return [Worker.remote(handle, rank) for rank in range(n)]  # type: ignore[attr-defined]
+
+
+async def _send(workers: list[Any], count: int, replicas: int) -> list[Sent]:
+    batches = await asyncio.gather(*(w.send.remote(count, replicas) for w in workers))
+    return [sent for batch in batches for sent in batch]
+
+
+def _per_window(sent: list[Sent]) -> Counter[tuple[int | None, int]]:
+    return Counter((s.step, s.replica) for s in sent)
+
+
+async def test_four_processes_start_and_stop_each_window_once_and_sum_their_counts(
+    make_config: MakeConfig,
+) -> None:
+    stops = asyncio.Event()
+    targets = [
+        RecordingTarget(f"replica_{r}", replica=r, start_latency=0.2, stop_gate=stops)
+        for r in (0, 1)
+    ]
+    cfg = make_config(
+        global_profiler={"steps": [1, 3, 4]},
+        rollout={"replicas": "all", "forward_steps": None},
+        timeouts={"connect_s": 30},  # a bound: actors just started may take a while to answer
+    )
+    sent: dict[int, list[Sent]] = {}
+    async with asyncio.timeout(LIMIT_S), aprof.Profiler(cfg) as prof:
+        for target in targets:
+            prof.add_target(target)
+        workers = _workers(aprof.ray.share(prof), 4)
+        for n in (1, 2, 3):
+            async with prof.step(n):
+                assert await asyncio.gather(*(w.current_step.remote() for w in workers)) == [n] * 4
+                # Step 2 runs while step 1's stops are held; step 3's windows queue behind
+                # them, and are skipped as they are still queued when the step ends.
+                sent[n] = await _send(workers, 250, 2)
+        stops.set()
+        async with prof.step(4):
+            sent[4] = await _send(workers, 250, 2)
+        await asyncio.gather(*(w.close.remote() for w in workers))
+        names = await asyncio.gather(*(w.name.remote() for w in workers))
+
+    for target in targets:
+        for op in ("start", "stop"):
+            assert [c.window.step for c in target.calls if c.op == op] == [1, 4]
+    windows = {(w.step, w.target): w for w in prof.manifest.windows}
+    for n in (1, 4):
+        for (step, replica), count in _per_window(sent[n]).items():
+            record = windows[(step, f"replica_{replica}")]
+            assert record.state == "done"
+            assert record.requests.admitted == count == 500
+            gated = [s for s in sent[n] if s.replica == replica and s.gated]
+            assert record.requests.gated == len(gated)
+            assert all(s.captured for s in sent[n] if s.replica == replica)
+            assert record.started_ns is not None
+            # Gated requests were held until their window had started; none waited after.
+            assert all(s.admitted_ns >= record.started_ns for s in gated)
+            ungated = [s for s in sent[n] if s.replica == replica and not s.gated]
+            assert all(s.admitted_ns >= record.started_ns for s in ungated)
+    assert sum(s.gated for s in sent[1]) > 0  # the start took a while: some waited for it
+    for n in (2, 3):  # step 2: not profiled; step 3: its windows waited for the held stops
+        assert {(s.step, s.gated, s.captured) for s in sent[n]} == {(n, False, False)}
+    assert_windows(  # no request was counted into them while they waited
+        prof.manifest,
+        [{"step": 3, "target": f"replica_{r}", "state": "skipped", "requests.admitted": 0}
+         for r in (0, 1)],
+        exact=False,
+    )  # fmt: skip
+    listed = {t.process: t for t in prof.manifest.timeline}
+    assert set(names) == {f"agent_loop_worker_{k}" for k in range(4)} <= set(listed)
+    for name in names:
+        entry = listed[name]
+        assert entry.path == f"timeline/{name}.trace.json.gz"
+        assert entry.events == 1000 and entry.dropped == 0
+        assert (prof.save_path / entry.path).stat().st_size == entry.bytes
+    assert not prof.manifest.notes
+
+
+async def test_a_request_cancelled_while_it_waits_leaves_the_others_waiting(
+    make_config: MakeConfig,
+) -> None:
+    starts = asyncio.Event()
+    target = RecordingTarget("replica_0", replica=0, start_gate=starts)
+    cfg = make_config(rollout={"forward_steps": None}, timeouts={"start_s": 60, "connect_s": 30})
+    async with asyncio.timeout(LIMIT_S), aprof.Profiler(cfg) as prof:
+        prof.add_target(target)
+        [worker] = _workers(aprof.ray.share(prof), 1)
+        async with prof.step(1):
+            await worker.hold.remote(5, 1)
+            await target.wait_calls("start")  # all five wait for it
+            await worker.cancel_first.remote()
+            starts.set()
+            held = await worker.finish.remote()
+        await worker.close.remote()
+    assert [(s.gated, s.captured) for s in held] == [(True, True)] * 4
+    assert_windows(
+        prof.manifest, [{"step": 1, "state": "done", "requests.admitted": 4, "requests.gated": 4}]
+    )
+    trace = prof.save_path / "timeline" / "agent_loop_worker_0.trace.json.gz"
+    events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    begun = [e for e in events if e.get("cat") == "request" and e["ph"] == "b"]
+    notes = Counter(e["args"].get("note") for e in begun)
+    assert notes == Counter({None: 4, "CancelledError": 1})
+
+
+async def test_a_request_keeps_the_step_its_process_admitted_it_in(
+    make_config: MakeConfig,
+) -> None:
+    target = RecordingTarget("replica_0", replica=0)
+    cfg = make_config(
+        global_profiler={"steps": [1]}, rollout={"forward_steps": None}, timeouts={"connect_s": 30}
+    )
+    async with asyncio.timeout(LIMIT_S), aprof.Profiler(cfg) as prof:
+        prof.add_target(target)
+        [worker] = _workers(aprof.ray.share(prof), 1)
+        async with prof.step(1):
+            await worker.hold.remote(8, 1)
+            [warm] = await worker.send.remote(1, 1)  # after the held ones: they went first
+        async with prof.step(2):
+            late = await worker.send.remote(8, 1)
+            early = await worker.finish.remote()
+        await worker.close.remote()
+    assert (warm.step, warm.captured) == (1, True)
+    assert {(s.step, s.captured) for s in early} == {(1, True)}
+    assert {(s.step, s.captured) for s in late} == {(2, False)}
+    assert_windows(prof.manifest, [{"step": 1, "state": "done", "requests.admitted": 9}])
+
+
+async def test_the_fast_path_needs_neither_the_driver_nor_a_round_trip(
+    make_config: MakeConfig,
+) -> None:
+    target = RecordingTarget("replica_0", replica=0)
+    cfg = make_config(
+        global_profiler={"steps": [1]}, rollout={"forward_steps": None}, timeouts={"connect_s": 30}
+    )
+    async with asyncio.timeout(LIMIT_S), aprof.Profiler(cfg) as prof:
+        prof.add_target(target)
+        [worker] = _workers(aprof.ray.share(prof), 1)
+        async with prof.step(1):
+            await worker.send.remote(1, 1)  # the one round trip: the window starts
+            # The driver's event loop is blocked inside this call: requests that needed it
+            # would never be answered, and the blocking wait would time out.
+            fast = ray.get(worker.send.remote(200, 1), timeout=60)
+        await worker.close.remote()
+    assert {(s.step, s.gated, s.captured) for s in fast} == {(1, False, True)}
+    assert_windows(prof.manifest, [{"step": 1, "state": "done", "requests.admitted": 201}])
+
+
+async def test_a_worker_killed_mid_step_costs_its_own_counts_only(
+    make_config: MakeConfig,
+) -> None:
+    target = RecordingTarget("replica_0", replica=0)
+    cfg = make_config(
+        global_profiler={"steps": [1, 2]},
+        rollout={"forward_steps": None},
+        timeouts={"connect_s": 5},
+    )
+    async with asyncio.timeout(LIMIT_S), aprof.Profiler(cfg) as prof:
+        prof.add_target(target)
+        workers = _workers(aprof.ray.share(prof), 3)
+        async with prof.step(1):
+            first = await _send(workers, 20, 1)
+            await asyncio.gather(*(w.hold.remote(10, 1) for w in workers))
+            ray.kill(workers[1])
+            held = [s for w in (workers[0], workers[2]) for s in await w.finish.remote()]
+        async with prof.step(2):  # waits for the dead worker at most timeouts.connect_s
+            second = await _send([workers[0], workers[2]], 20, 1)
+        await asyncio.gather(workers[0].close.remote(), workers[2].close.remote())
+
+    manifest = aprof.load_manifest(prof.save_path)
+    by_step = {w.step: w for w in manifest.windows}
+    assert {w.state for w in manifest.windows} == {"done"}
+    survivors = [s for s in first + held if s.worker != 1]
+    # The dead worker's 30 requests count as far as it reported them before it died.
+    assert len(survivors) == 60 <= by_step[1].requests.admitted <= 60 + 30
+    assert by_step[2].requests.admitted == len(second) == 40
+    notes = " | ".join(n.text for n in manifest.notes)
+    assert "agent_loop_worker_1 did not take step 2" in notes
+    assert "agent_loop_worker_1 did not close its remote profiler" in notes
+
+
+async def test_a_hub_killed_mid_step_lets_requests_go_ungated(make_config: MakeConfig) -> None:
+    starts = asyncio.Event()
+    target = RecordingTarget("replica_0", replica=0, start_gate=starts)
+    cfg = make_config(
+        global_profiler={"steps": [1, 2]},
+        rollout={"forward_steps": None},
+        timeouts={"connect_s": 5, "start_s": 60},
+    )
+    async with asyncio.timeout(LIMIT_S), aprof.Profiler(cfg) as prof:
+        prof.add_target(target)
+        handle = aprof.ray.share(prof)
+        [worker] = _workers(handle, 1)
+        async with prof.step(1):
+            await worker.hold.remote(5, 1)  # they wait for the start, which is held
+            await target.wait_calls("start")
+            ray.kill(handle.hub)
+            # Released without the start: the asks in flight failed with the hub.
+            held = await worker.finish.remote()
+            after = await worker.send.remote(5, 1)
+            starts.set()
+        async with prof.step(2):
+            pass
+        await worker.close.remote()
+    for sent in held + after:
+        assert (sent.step, sent.gated, sent.captured) == (1, False, False)
+    manifest = aprof.load_manifest(prof.save_path)
+    assert [(w.step, w.state) for w in manifest.windows] == [(1, "done"), (2, "skipped")]
+    assert any("hub shared with other processes is gone" in n.text for n in manifest.notes)
+    # The worker's own timeline says when and why its requests went ungated.
+    trace = prof.save_path / "timeline" / "agent_loop_worker_0.trace.json.gz"
+    events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    [mark] = [e for e in events if e.get("name") == UNGATED and e.get("ph") == "b"]
+    assert mark["args"]["replica"] == 0 and mark["args"]["note"].startswith("hub gone")
+
+
+async def test_two_real_reference_servers_auto_stop_and_count_every_process(
+    make_config: MakeConfig, tmp_path: Any
+) -> None:
+    from servers import launch, launch_spec
+    from servers.process import free_port
+
+    cfg = make_config(
+        # Each step ends once its windows have: the next one's then start at once, not queued
+        # behind a stop (requests go uncounted meanwhile, as in one process).
+        global_profiler={"steps": [1, 2], "wait_for_stops": True},
+        rollout={"replicas": "all", "forward_steps": 2},
+        tool_config={"torch": {"contents": ["cpu"]}},
+        timeouts={"start_s": 60, "stop_s": 120, "connect_s": 30},
+    )
+    specs = [
+        launch_spec("reference", cfg, version="0.32.0", port=free_port(), dialect="vllm")
+        for _ in range(2)
+    ]
+    async with asyncio.timeout(LIMIT_S * 2):
+        servers = await asyncio.gather(
+            *(launch(s, log_path=tmp_path / f"replica_{r}.log") for r, s in enumerate(specs))
+        )
+        try:
+            async with aprof.Profiler(cfg) as prof:
+                for r, spec in enumerate(specs):
+                    prof.add_target(spec.adapter(replica=r))
+                handle = aprof.ray.share(prof)
+                workers = [
+                    ReferenceWorker.remote(handle, k, [s.base_url for s in specs])  # type: ignore[attr-defined]
+                    for k in range(4)
+                ]
+                sent: dict[int, list[tuple[int, int | None, bool]]] = {}
+                for n in (1, 2):
+                    async with prof.step(n):
+                        batches = await asyncio.gather(*(w.send.remote(250) for w in workers))
+                        sent[n] = [c for batch in batches for c in batch]
+                await asyncio.gather(*(w.close.remote() for w in workers))
+        finally:
+            await asyncio.gather(*(s.aclose() for s in servers))
+    manifest = aprof.load_manifest(prof.save_path)
+    assert len(manifest.windows) == 4
+    for record in manifest.windows:
+        replica = int(record.target.removeprefix("replica_"))
+        requests = [c for c in sent[record.step] if c[0] == replica]
+        assert (record.state, record.stop_reason) == ("done", "auto_stop")
+        assert record.forward_steps.enforced_by == "server"
+        assert record.forward_steps.observed == record.forward_steps.requested == 2
+        assert record.requests.admitted == len(requests) > 0
+        assert record.files
+
+
+class _ReferenceWorker:
+    """An agent-loop worker with an agentloop client over the real servers."""
+
+    def __init__(self, handle: aprof.ray.ShareHandle, rank: int, urls: list[str]) -> None:
+        from agentloop import LLMClient
+
+        self.remote = aprof.ray.connect(handle, rank=rank)
+        self.llm = LLMClient(urls, prof=self.remote, timeout_s=60.0)
+
+    async def send(self, count: int) -> list[tuple[int, int | None, bool]]:
+        async with self.llm:
+            outs = await asyncio.gather(
+                *(self.llm.generate(f"prompt {i}", max_tokens=2) for i in range(count))
+            )
+        return [(o.replica, o.step, o.captured) for o in outs]
+
+    async def close(self) -> None:
+        await self.remote.aclose()
+
+
+ReferenceWorker = ray.remote(_ReferenceWorker)
