@@ -78,3 +78,14 @@ def e2e_sglang(session: nox.Session) -> None:
     # The vLLM tests' conftest one folder up refuses to load without vLLM.
     args = ("--confcutdir", "e2e/real_sglang", "e2e/real_sglang")
     session.run("python", "-m", "pytest", *args, *session.posargs)
+
+
+@nox.session(python="3.11", default=False)
+def verl(session: nox.Session) -> None:
+    """verl 0.9.1's shipped trainer configs through aprof.verl (about a minute)."""
+    # Its package alone: its configs and their OmegaConf, not its GPU stack.
+    session.install("--no-deps", "verl==0.9.1")
+    session.install("omegaconf", "-e", ".", "pytest", "pytest-asyncio")
+    # The vLLM tests' conftest one folder up refuses to load without vLLM.
+    args = ("--confcutdir", "e2e/verl", "e2e/verl")
+    session.run("python", "-m", "pytest", *args, *session.posargs)

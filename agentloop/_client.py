@@ -138,7 +138,7 @@ class LLMClient:
 
     async def generate(
         self,
-        prompt: str,
+        prompt: str | Sequence[int],
         *,
         max_tokens: int,
         temperature: float | None = None,
@@ -148,7 +148,10 @@ class LLMClient:
     ) -> Completion:
         """Complete ``prompt``, on replica ``prefer`` while it is up (else the least busy one).
 
-        Raises :class:`LLMError` when the request fails, ``RuntimeError`` before :meth:`open`.
+        ``prompt`` is text, or token IDs (sent as ``prompt`` in the openai API, as
+        ``input_ids`` in the sglang one). Raises :class:`LLMError` when the request fails,
+        ``ValueError`` for a token-ID prompt that is empty or holds a non-integer or negative
+        ID or for ``max_tokens`` < 1, ``RuntimeError`` before :meth:`open`.
         """
         if self._session is None:
             raise RuntimeError("open the LLMClient first: `async with LLMClient(...) as llm:`")
@@ -156,7 +159,7 @@ class LLMClient:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         payload = _dialects.body(
             self.api,
-            prompt,
+            prompt if isinstance(prompt, str) else _dialects.token_ids(prompt),
             model=self._model,
             max_tokens=max_tokens,
             temperature=temperature,

@@ -1,14 +1,16 @@
 """The two completion APIs as the servers speak them: request bodies and answers.
 
-``openai``: ``POST /v1/completions`` (vLLM, SGLang and others). The answer holds
-``choices[0].text`` and ``finish_reason`` and ``usage``; streamed, each ``data`` event is a
-chunk whose ``choices[0].text`` is the new text, usage comes in a last chunk with empty
-``choices`` when ``stream_options.include_usage`` is set, and ``[DONE]`` ends the stream.
+``openai``: ``POST /v1/completions`` (vLLM, SGLang and others) with ``prompt`` as text or
+token IDs. The answer holds ``choices[0].text`` and ``finish_reason`` and ``usage``;
+streamed, each ``data`` event is a chunk whose ``choices[0].text`` is the new text, usage
+comes in a last chunk with empty ``choices`` when ``stream_options.include_usage`` is set,
+and ``[DONE]`` ends the stream.
 
-``sglang``: SGLang's native ``POST /generate`` with ``text`` and ``sampling_params``
-(``max_new_tokens``). The answer holds ``text`` and ``meta_info`` (``finish_reason`` as an
-object with a ``type``, ``prompt_tokens``, ``completion_tokens``); streamed, each event
-carries the whole text so far, and ``[DONE]`` ends the stream.
+``sglang``: SGLang's native ``POST /generate`` with ``text`` (or, for token IDs,
+``input_ids``) and ``sampling_params`` (``max_new_tokens``). The answer holds ``text`` and
+``meta_info`` (``finish_reason`` as an object with a ``type``, ``prompt_tokens``,
+``completion_tokens``); streamed, each event carries the whole text so far, and ``[DONE]``
+ends the stream.
 """
 
 from __future__ import annotations
@@ -48,9 +50,22 @@ def path(api: Api) -> str:
     return "/v1/completions" if api == "openai" else "/generate"
 
 
+def token_ids(prompt: Sequence[int]) -> list[int]:
+    """``prompt`` as a list of token IDs; raises ``ValueError`` unless it is a non-empty
+    sequence of integers >= 0."""
+    ids = list(prompt)
+    if not ids:
+        raise ValueError("a token-ID prompt must hold at least one token ID")
+    for token in ids:
+        # bool is a subclass of int, but True is no token ID.
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise ValueError(f"a token-ID prompt holds integers >= 0, got {token!r}")
+    return ids
+
+
 def body(
     api: Api,
-    prompt: str,
+    prompt: str | list[int],
     *,
     model: str | None,
     max_tokens: int,
@@ -58,7 +73,8 @@ def body(
     stop: str | Sequence[str],
     stream: bool,
 ) -> dict[str, Any]:
-    """The JSON body of one completion request; ``stop`` is one string or several."""
+    """The JSON body of one completion request; ``prompt`` is text or checked token IDs,
+    ``stop`` is one string or several."""
     stops = stop_strings(stop)
     if api == "openai":
         payload: dict[str, Any] = {"prompt": prompt, "max_tokens": max_tokens}
@@ -77,7 +93,8 @@ def body(
         params["temperature"] = temperature
     if stops:
         params["stop"] = stops
-    payload = {"text": prompt, "sampling_params": params}
+    field = "text" if isinstance(prompt, str) else "input_ids"
+    payload = {field: prompt, "sampling_params": params}
     if stream:
         payload["stream"] = True
     return payload

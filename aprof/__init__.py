@@ -3,6 +3,8 @@
 The front door: every public name is defined in a private module named for what it holds.
 """
 
+from aprof import verl  # the verl entry point: aprof.verl.load
+from aprof._blocking import BlockingProfiler
 from aprof._capture import (
     CaptureFile,
     CaptureResult,
@@ -34,6 +36,7 @@ from aprof._worker_group import LocalWorker, WorkerGroup, WorkerHandle
 __version__ = "0.1.0"
 
 __all__ = [
+    "BlockingProfiler",
     "CaptureError",
     "CaptureFile",
     "CaptureResult",
@@ -68,4 +71,5 @@ __all__ = [
     "read_config_file",
     "staged",
     "timeline_backend",
+    "verl",
 ]

@@ -479,7 +479,24 @@ def load_config(source: ConfigSource = None) -> ProfilerConfig:
         plain_word = isinstance(source, str) and "\n" not in source
         hint = " (or the path of an existing file)" if plain_word else ""
         raise ConfigError(None, f"the top level must be a mapping{hint}, got {show_value(data)}")
+    _not_verl(data)
     return _validate(data)
+
+
+def _not_verl(data: Mapping[Any, Any]) -> None:
+    """Raise ConfigError with the way to read it when `data` is a verl trainer config."""
+    profiler = data.get("global_profiler")
+    if isinstance(profiler, Mapping) and "_target_" in profiler:
+        key = "global_profiler._target_"
+    elif "actor_rollout_ref" in data:
+        key = "actor_rollout_ref"
+    else:
+        return
+    raise ConfigError(
+        key,
+        "a verl trainer config, not aprof's: read it with aprof.verl.load(cfg) "
+        "(or aprof validate --verl / aprof launch-args --verl)",
+    )
 
 
 def _is_path(text: str) -> bool:

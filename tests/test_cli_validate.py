@@ -58,7 +58,7 @@ def test_verl_config(tmp_path: Path) -> None:
     path.write_text(
         "global_profiler: {tool: torch, steps: [2], save_path: ./profile}\n"
         "actor_rollout_ref:\n"
-        "  actor: {profiler: {enable: true, ranks: [0]}}\n"
+        "  actor: {profiler: {enable: true, ranks: [0], tool_config: {torch: {discrete: true}}}}\n"
         "  rollout:\n"
         "    tensor_model_parallel_size: 2\n"
         "    profiler: {enable: '${oc.select:actor_rollout_ref.actor.profiler.enable,false}',"
@@ -66,11 +66,41 @@ def test_verl_config(tmp_path: Path) -> None:
     )
     proc = validate("--verl", str(path))
     assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""  # nothing to warn about
     data = yaml.safe_load(proc.stdout)
     assert data["global_profiler"]["steps"] == [2]
     assert data["roles"]["actor"]["enable"] is True
     assert data["rollout"]["replicas"] == [1]
     assert data["rollout"]["enable"] is True
+    assert "#   global_profiler.steps=null\n" in proc.stdout  # the overrides, as comments
+    assert load_config(proc.stdout) == load_config(data)
+
+
+def test_verl_warnings_and_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "ppo_trainer.yaml"
+    path.write_text(
+        "global_profiler: {tool: torch, step: [1, 2, 5], relocate_results: true}\n"
+        "actor_rollout_ref:\n"
+        "  actor: {profiler: {enable: true, rank: [1]}}\n"
+    )
+    proc = validate("--verl", str(path))
+    assert proc.returncode == 0, proc.stderr
+    warnings = proc.stderr.splitlines()
+    assert all(line.startswith("warning: ") for line in warnings)
+    assert "warning: global_profiler.step: unknown key (did you mean 'steps'?)" in warnings
+    assert (
+        "warning: actor_rollout_ref.actor.profiler.rank: unknown key (did you mean 'ranks'?)"
+        in warnings
+    )
+    assert any("relocate_results is verl's own and not used by aprof" in w for w in warnings)
+    assert any("discrete mode" in w for w in warnings)  # the rollout is not profiled
+    assert yaml.safe_load(proc.stdout)["rollout"]["enable"] is False
+
+
+def test_plain_validate_of_a_verl_config_points_to_verl(tmp_path: Path) -> None:
+    path = tmp_path / "ppo_trainer.yaml"
+    path.write_text("global_profiler: {_target_: verl.utils.profiler.ProfilerConfig}\n")
+    assert_one_error_line(validate(str(path)), "global_profiler._target_", "aprof.verl.load")
 
 
 def test_missing_file(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
+from aprof._blocking import BlockingProfiler
 from aprof._errors import describe
 from aprof._logging import logger
 from aprof._scheduler import Profiler
@@ -34,8 +35,8 @@ class ShareHandle:
     """The driver's run, as its manifest names it."""
 
 
-def share(prof: Profiler) -> ShareHandle:
-    """Share ``prof``, open and in its event loop, with other Ray processes.
+def share(prof: Profiler | BlockingProfiler) -> ShareHandle:
+    """Share ``prof``, open (an async one: in its event loop), with other Ray processes.
 
     Starts the hub actor on this node; the driver's profiler stays the one owner of every
     window. Raises ``RuntimeError`` outside the profiler's event loop, before it is open or
@@ -46,6 +47,8 @@ def share(prof: Profiler) -> ShareHandle:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
     except ImportError as exc:
         raise ImportError(f"{_RAY_NEEDED} ({exc})") from exc
+    if isinstance(prof, BlockingProfiler):  # shared from the loop it runs in
+        return prof._open_portal().call(share, prof._profiler)
     if isinstance(prof._link, _DriverLink):
         return prof._link.handle
     try:

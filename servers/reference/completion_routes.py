@@ -14,8 +14,9 @@ from aiohttp import web
 
 from servers.reference.engine import Sequence, SequenceFailed
 from servers.reference.errors import openai_error
+from servers.reference.prompts import BadPrompt, parse
 from servers.reference.state import STATE, ServerState
-from servers.reference.tokenizer import MAX_MODEL_LEN, decode, encode
+from servers.reference.tokenizer import MAX_MODEL_LEN, decode
 
 _DEFAULT_MAX_TOKENS = 16  # vLLM's /v1/completions default
 _DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's sampling_params default
@@ -58,7 +59,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
             return openai_error(
                 404, f"The model `{model}` does not exist.", "NotFoundError", "model"
             )
-        prompts = _prompts(body.get("prompt"), "prompt")
+        prompts, _ = parse(body.get("prompt"), "prompt")
         max_tokens = _positive_int(body.get("max_tokens"), "max_tokens", _DEFAULT_MAX_TOKENS)
         stream = bool(body.get("stream", False))
         options = body.get("stream_options") or {}
@@ -66,7 +67,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
             raise _BadRequest("stream_options must be an object")
         include_usage = bool(options.get("include_usage", False))
         seqs = _submit(state, prompts, max_tokens)
-    except _BadRequest as exc:
+    except (_BadRequest, BadPrompt) as exc:
         return openai_error(400, str(exc), "BadRequestError")
     head = {
         "id": f"cmpl-{uuid.uuid4().hex}",
@@ -95,12 +96,18 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
-    """SGLang's native generation: ``text`` and ``sampling_params.max_new_tokens``."""
+    """SGLang's native generation: ``text`` or ``input_ids``, and
+    ``sampling_params.max_new_tokens``."""
     state = request.app[STATE]
     try:
         body = await _json_object(request)
-        single = isinstance(body.get("text"), str)
-        prompts = _prompts(body.get("text"), "text")
+        text, input_ids = body.get("text"), body.get("input_ids")
+        if (text is None) == (input_ids is None):
+            raise _BadRequest("Either text or input_ids should be provided.")  # SGLang's words
+        if text is not None:
+            prompts, single = parse(text, "text", ids=False)
+        else:
+            prompts, single = parse(input_ids, "input_ids", text=False)
         params = body.get("sampling_params") or {}
         if not isinstance(params, dict):
             raise _BadRequest("sampling_params must be an object")
@@ -109,7 +116,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         )
         stream = bool(body.get("stream", False))
         seqs = _submit(state, prompts, max_new)
-    except _BadRequest as exc:
+    except (_BadRequest, BadPrompt) as exc:
         return web.json_response(
             {"object": "error", "message": str(exc), "type": "BadRequestError", "code": 400},
             status=400,
@@ -142,16 +149,6 @@ async def _json_object(request: web.Request) -> dict[str, Any]:
     return body
 
 
-def _prompts(value: object, field: str) -> list[str]:
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not value or not all(isinstance(p, str) for p in value):
-        raise _BadRequest(f"{field} must be a non-empty string or a list of them")
-    if not all(value):
-        raise _BadRequest(f"{field} cannot be empty")
-    return value
-
-
 def _positive_int(value: object, field: str, default: int) -> int:
     if value is None:
         return default
@@ -160,9 +157,8 @@ def _positive_int(value: object, field: str, default: int) -> int:
     return value
 
 
-def _submit(state: ServerState, prompts: list[str], max_tokens: int) -> list[Sequence]:
-    encoded = [encode(prompt) for prompt in prompts]
-    for ids in encoded:
+def _submit(state: ServerState, prompts: list[list[int]], max_tokens: int) -> list[Sequence]:
+    for ids in prompts:
         if len(ids) + max_tokens > MAX_MODEL_LEN:
             raise _BadRequest(
                 f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, you "
@@ -170,7 +166,7 @@ def _submit(state: ServerState, prompts: list[str], max_tokens: int) -> list[Seq
                 f"{max_tokens} in the completion). Please reduce the length of the messages "
                 "or completion."
             )
-    return [state.engine.submit(ids, max_tokens) for ids in encoded]
+    return [state.engine.submit(ids, max_tokens) for ids in prompts]
 
 
 async def _until_finished(seqs: list[Sequence]) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import re
+from collections.abc import Sequence
 
 import pytest
 from agentloop_replicas import ReplicaFactory, Stall
@@ -12,6 +14,7 @@ from aiohttp import web
 from agentloop import Api, LLMClient, LLMError
 from servers.process import free_port
 from servers.reference import Faults
+from servers.reference.tokenizer import decode
 
 LIMIT_S = 30
 DIALECTS = [("vllm", "openai"), ("sglang", "openai"), ("sglang", "sglang")]
@@ -34,6 +37,40 @@ async def test_completion_text_and_counts(
     assert (out.replica, out.request_id, out.failed_over_from) == (0, "r-1", ())
     assert (out.step, out.gated, out.captured) == (None, False, False)  # no profiler
     assert server.received == ["r-1"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize(("dialect", "api"), DIALECTS)
+async def test_token_id_prompt_completes_like_its_text(
+    replicas: ReplicaFactory, dialect: str, api: Api, stream: bool
+) -> None:
+    async with (
+        asyncio.timeout(LIMIT_S),
+        replicas(1, dialect=dialect) as [server],
+        LLMClient([server.url], api=api, stream=stream) as llm,
+    ):
+        out = await llm.generate([1, 2, 3], max_tokens=2)
+        as_text = await llm.generate(decode([1, 2, 3]), max_tokens=2)
+    assert (out.prompt_tokens, out.completion_tokens) == (3, 2)
+    assert out.text == as_text.text and len(out.text) == 2
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        ([], "at least one token ID"),
+        ((1, -1), "integers >= 0, got -1"),
+        ([1, True], "integers >= 0, got True"),
+        ([1, 2.0], "integers >= 0, got 2.0"),
+        (["1"], "integers >= 0, got '1'"),
+    ],
+)
+async def test_bad_token_id_prompts_are_refused_before_sending(
+    prompt: Sequence[int], message: str
+) -> None:
+    async with LLMClient(["http://127.0.0.1:1"]) as llm:  # nothing listens there
+        with pytest.raises(ValueError, match=re.escape(message)):
+            await llm.generate(prompt, max_tokens=1)
 
 
 @pytest.mark.parametrize("api", ["openai", "sglang"])

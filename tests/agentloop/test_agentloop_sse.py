@@ -53,6 +53,17 @@ def test_request_bodies_use_each_apis_field_names() -> None:
     assert sglang == {"text": "p", "sampling_params": {"max_new_tokens": 3}}
 
 
+def test_token_ids_go_in_each_apis_prompt_field() -> None:
+    openai = body(
+        "openai", [7, 8], model=None, max_tokens=3, temperature=None, stop=(), stream=False
+    )
+    assert openai == {"prompt": [7, 8], "max_tokens": 3}
+    sglang = body(
+        "sglang", [7, 8], model=None, max_tokens=3, temperature=None, stop=(), stream=False
+    )
+    assert sglang == {"input_ids": [7, 8], "sampling_params": {"max_new_tokens": 3}}
+
+
 def test_a_single_stop_string_is_not_split_into_characters() -> None:
     for api in ("openai", "sglang"):
         sent = body(api, "p", model=None, max_tokens=3, temperature=None, stop="###", stream=False)

@@ -242,6 +242,24 @@ async def test_the_fast_path_needs_neither_the_driver_nor_a_round_trip(
     assert_windows(prof.manifest, [{"step": 1, "state": "done", "requests.admitted": 201}])
 
 
+def test_a_synchronous_driver_shares_a_blocking_profiler(make_config: MakeConfig) -> None:
+    target = RecordingTarget("replica_0", replica=0, start_latency=0.1)
+    cfg = make_config(
+        global_profiler={"steps": [2]}, rollout={"forward_steps": None}, timeouts={"connect_s": 30}
+    )
+    with aprof.BlockingProfiler(cfg) as prof:
+        prof.add_target(target)
+        workers = _workers(aprof.ray.share(prof), 2)
+        sent = {}
+        for n in (1, 2):
+            with prof.step(n):
+                sent[n] = [s for w in workers for s in ray.get(w.send.remote(50, 1), timeout=60)]
+        ray.get([w.close.remote() for w in workers], timeout=60)
+    assert {(s.step, s.captured) for s in sent[1]} == {(1, False)}
+    assert {(s.step, s.captured) for s in sent[2]} == {(2, True)}
+    assert_windows(prof.manifest, [{"step": 2, "state": "done", "requests.admitted": 100}])
+
+
 async def test_a_worker_killed_mid_step_costs_its_own_counts_only(
     make_config: MakeConfig,
 ) -> None:

@@ -132,7 +132,7 @@ def verl(schedule: object, tool: str = "torch") -> dict[str, Any]:
 def test_from_verl_maps_the_torch_schedule() -> None:
     schedule = {"skip_first": 2, "wait": 1, "warmup": 1, "active": 3, "repeat": 2}
     mapped = aprof.from_verl(verl(schedule)).tool_config.torch.schedule
-    assert mapped == ScheduleConfig(**schedule)
+    assert mapped == ScheduleConfig(**schedule, stages=["actor_update"])
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,116 @@
+"""verl 0.9.1's own trainer configs through ``aprof.verl.load``: the YAML files the installed
+package ships (read from its folder: verl itself is not imported, its GPU stack is absent) and
+OmegaConf's ``DictConfig`` of them, as verl's trainer holds its config."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+from omegaconf import DictConfig, OmegaConf
+
+import aprof
+
+_SPEC = importlib.util.find_spec("verl")
+if _SPEC is None or not _SPEC.submodule_search_locations:
+    pytest.skip("verl is not installed (nox -s verl installs 0.9.1)", allow_module_level=True)
+CONFIGS = Path(next(iter(_SPEC.submodule_search_locations))) / "trainer" / "config"
+TRAINERS = sorted(CONFIGS.glob("_generated_*trainer.yaml"))
+ACTOR = "actor_rollout_ref.actor.profiler"
+ROLLOUT = "actor_rollout_ref.rollout.profiler"
+
+
+def _composed(path: Path, *dotlist: str) -> DictConfig:
+    """The shipped config with ``dotlist`` set, as ``main_ppo key=value ...`` composes it."""
+    cfg = OmegaConf.load(path)
+    assert isinstance(cfg, DictConfig)
+    merged = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(dotlist)))
+    assert isinstance(merged, DictConfig)
+    return merged
+
+
+def test_verl_ships_the_trainers_we_map() -> None:
+    names = {p.name for p in TRAINERS}
+    assert "_generated_ppo_trainer.yaml" in names
+    assert "_generated_ppo_megatron_trainer.yaml" in names
+
+
+@pytest.mark.parametrize("path", TRAINERS, ids=lambda p: p.name)
+@pytest.mark.parametrize("form", ["file", "dictconfig"])
+def test_every_shipped_trainer_config_maps_without_unknown_keys(path: Path, form: str) -> None:
+    source: Any = path if form == "file" else OmegaConf.load(path)
+    plan = aprof.verl.load(source)
+    assert not [w for w in plan.warnings if "unknown key" in w], plan.warnings
+    # verl's default: no tool, nothing profiled; the plan says so and profiles nothing.
+    assert any(w.startswith("global_profiler.tool: null") for w in plan.warnings)
+    assert not plan.config.rollout.enable
+    assert not any(role.enable for role in plan.config.roles.values())
+    assert plan.overrides == ("global_profiler.steps=null",)
+
+
+@pytest.mark.parametrize("path", TRAINERS, ids=lambda p: p.name)
+def test_a_profiled_run_maps_steps_ranks_and_the_rollout_window(path: Path) -> None:
+    cfg = _composed(
+        path,
+        "global_profiler.tool=torch",
+        "global_profiler.steps=[1,2,5]",
+        f"{ACTOR}.enable=true",
+        f"{ACTOR}.ranks=[0]",
+        f"{ACTOR}.tool_config.torch.discrete=true",
+        f"{ROLLOUT}.tool_config.torch.profile_token_start=2",
+        f"{ROLLOUT}.tool_config.torch.profile_token_end=0",
+    )
+    plan = aprof.verl.load(cfg)
+    config = plan.config
+    assert [n for n in range(1, 7) if n in config.global_profiler.steps] == [1, 2, 5]
+    actor = config.roles["actor"]
+    assert (actor.enable, actor.discrete) == (True, True)
+    assert actor.selects(0) and not actor.selects(1)
+    # The rollout inherits the actor's enable and discrete through verl's interpolations.
+    assert config.rollout.enable
+    assert (config.rollout.delay, config.rollout.forward_steps) == (2, None)  # end 0: no end
+    assert f"{ROLLOUT}.tool_config.torch.profile_token_start=null" in plan.overrides
+    assert not [w for w in plan.warnings if "unknown key" in w], plan.warnings
+
+
+@pytest.mark.parametrize("path", TRAINERS[:1], ids=lambda p: p.name)
+def test_the_table_of_issue_16_on_verl_s_own_config(path: Path) -> None:
+    # Role-level nsys discrete: verl's worker reads the role's own flag.
+    plan = aprof.verl.load(
+        _composed(
+            path,
+            "global_profiler.tool=nsys",
+            "global_profiler.steps=[1]",
+            f"{ACTOR}.enable=true",
+            f"{ACTOR}.tool_config.nsys.discrete=true",
+        )
+    )
+    assert plan.config.roles["actor"].discrete
+    assert not plan.config.rollout.enable  # verl does not profile the rollout with nsys
+    # The rollout is not profiled when not discrete, as in verl, and the plan says why.
+    plan = aprof.verl.load(
+        _composed(path, "global_profiler.tool=torch", "global_profiler.steps=[1]",
+                  f"{ACTOR}.enable=true")
+    )  # fmt: skip
+    assert not plan.config.rollout.enable
+    assert any("discrete" in w and "rollout" in w for w in plan.warnings)
+    # Typos and keys aprof does not use are warned about, with a did-you-mean.
+    plan = aprof.verl.load(
+        _composed(path, "global_profiler.tool=torch", "global_profiler.step=[1,2,5]",
+                  f"{ACTOR}.rank=[1]", "global_profiler.relocate_results=true")
+    )  # fmt: skip
+    text = "\n".join(plan.warnings)
+    assert "global_profiler.step: unknown key (did you mean 'steps'?)" in text
+    assert f"{ACTOR}.rank: unknown key (did you mean 'ranks'?)" in text
+    assert "global_profiler.relocate_results is verl's own and not used by aprof" in text
+    # An error names the key the user set: the actor's, which the rollout inherits.
+    with pytest.raises(aprof.ConfigError, match=rf"{ACTOR}\.ranks"):
+        aprof.verl.load(
+            _composed(path, "global_profiler.tool=torch", "global_profiler.steps=[1]",
+                      f"{ACTOR}.enable=true", f"{ACTOR}.ranks=[-1]")
+        )  # fmt: skip
+    # The plain loader points a verl config to the verl entry point.
+    with pytest.raises(aprof.ConfigError, match=r"aprof\.verl\.load"):
+        aprof.load_config(OmegaConf.to_container(OmegaConf.load(path)))  # type: ignore[arg-type]
