@@ -318,6 +318,37 @@ class NPUToolConfig(_Model):
     )
 
 
+NSYS_OWN_OPTIONS = ("trace", "output", "capture-range", "capture-range-end")
+"""nsys options aprof sets itself (``trace`` from ``tool_config.nsys.trace``)."""
+MAX_NSYS_OPTIONS = 64
+_NSYS_OPTION = re.compile(r"[a-z][a-z0-9-]+")
+_NSYS_VALUE = re.compile(r"\S+")
+
+
+def _nsys_options(options: dict[str, str]) -> dict[str, str]:
+    if len(options) > MAX_NSYS_OPTIONS:
+        raise ConfigError("", f"at most {MAX_NSYS_OPTIONS} options, got {len(options)}")
+    for name, value in options.items():
+        if not _NSYS_OPTION.fullmatch(name):
+            raise ConfigError(
+                key_member(name),
+                "expected an nsys long option name (lowercase letters, digits and '-', "
+                "at least two characters, no leading '--')",
+            )
+        if name in NSYS_OWN_OPTIONS:
+            raise ConfigError(
+                key_member(name),
+                f"set by aprof itself ({', '.join(NSYS_OWN_OPTIONS)}): list APIs in "
+                "tool_config.nsys.trace, choose the folder with tool_config.nsys.output_dir; "
+                "capture ranges are always cudaProfilerApi, each ended with 'repeat'",
+            )
+        if not _NSYS_VALUE.fullmatch(value):
+            raise ConfigError(
+                key_member(name), f"expected a value without whitespace, got {show_value(value)}"
+            )
+    return options
+
+
 class NsysToolConfig(_Unscheduled):
     """Nsight Systems options."""
 
@@ -333,6 +364,11 @@ class NsysToolConfig(_Unscheduled):
         le=86400,
         description="How long a stop waits for nsys to finish writing its report.",
     )
+    options: Annotated[dict[str, Annotated[str, Strict()]], AfterValidator(_nsys_options)] = Field(
+        default_factory=dict,
+        description="Other nsys profile options, passed as --name=value "
+        "(not trace, output, capture-range, capture-range-end).",
+    )
 
 
 class TorchMemoryToolConfig(_Unscheduled):
@@ -341,6 +377,16 @@ class TorchMemoryToolConfig(_Unscheduled):
     max_entries: PositiveInt = Field(100_000, description="Allocator events kept.")
     stack_depth: PositiveInt = Field(32, description="Frames recorded per event.")
     snapshot_on_oom: StrictBool = Field(False, description="Dump a snapshot on OOM.")
+    context: Literal["state", "alloc", "all"] | None = Field(
+        "all",
+        description="Stack traces kept for: state (live blocks), alloc (+ alloc events), "
+        "all (+ frees); null: none (torch's _record_memory_history context).",
+    )
+    stacks: Literal["python", "all"] = Field(
+        "python",
+        description="python: Python frames only (smaller snapshots; torch's default is all); "
+        "all: also C++ and TorchScript frames.",
+    )
 
 
 class ToolConfig(_Model):

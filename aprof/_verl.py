@@ -287,16 +287,75 @@ def _map_global(m: _VerlMap) -> None:
             "global_profiler.tool: null: verl profiles nothing without a tool, "
             "so the plan profiles no role and no rollout"
         )
-    trace = m.get(f"{_NSYS}.worker_nsight_options.trace")
-    if isinstance(trace, str):  # nsys takes "cuda,nvtx,..."
-        trace = [t.strip() for t in trace.split(",") if t.strip()]
-    m.put("tool_config.nsys.trace", trace, f"{_NSYS}.worker_nsight_options.trace")
+    _map_nsys_options(m)
     for ours, theirs in (
         ("max_entries", "trace_alloc_max_entries"),
         ("stack_depth", "stack_depth"),
+        # verl 0.9.1 itself never passes these two to torch (its enable_memory_visualize
+        # call takes their defaults, "all"); the user's values are kept as written.
+        ("context", "context"),
+        ("stacks", "stacks"),
     ):
         path = f"{_TORCH_MEMORY}.{theirs}"
         m.put(f"tool_config.torch_memory.{ours}", m.get(path), path)
+    # verl 0.9.1's TorchMemoryProfiler attaches a CUDA OOM observer that dumps a snapshot on
+    # every profiled rank, with no key to turn it off (verl/utils/profiler/torch_memory_profile.py,
+    # `_attach_oom_observer`); aprof's equivalent is opt-in.
+    m.put("tool_config.torch_memory.snapshot_on_oom", True, _TORCH_MEMORY)
+    path = f"{_TORCH_MEMORY}.memory_snapshot_num_steps"
+    steps = m.get(path)
+    if steps not in (None, 1) and m.get("global_profiler.tool") == "torch_memory":
+        m.warnings.append(
+            f"{path}: {show_value(steps)}: not used by aprof: verl keeps the history across that "
+            "many profiled steps and dumps one snapshot; aprof dumps one per capture window "
+            "(a step, or a run of consecutive steps with profile_continuous_steps: true)"
+        )
+
+
+def _map_nsys_options(m: _VerlMap) -> None:
+    """verl's worker nsight options: trace to its own key, aprof's own ones checked, the rest
+    kept as nsys options; warnings only when nsys is the tool."""
+    nsys = m.get("global_profiler.tool") == "nsys"
+    worker = f"{_NSYS}.worker_nsight_options"
+    options = m.get(worker)
+    if options is None:
+        options = {}
+    if not isinstance(options, Mapping):
+        raise ConfigError(worker, f"expected a mapping, got {show_value(options)}")
+    trace = options.get("trace")
+    if isinstance(trace, str):  # nsys takes "cuda,nvtx,..."
+        trace = [t.strip() for t in trace.split(",") if t.strip()]
+    m.put("tool_config.nsys.trace", trace, f"{worker}.trace")
+    kept: dict[str, object] = {}
+    for name, value in options.items():
+        if name == "trace":
+            continue
+        if name == "capture-range":
+            if nsys and value not in (None, "cudaProfilerApi"):
+                m.warnings.append(
+                    f"{worker}.{name}: {show_value(value)}: not kept: aprof's nsys tool opens "
+                    "and closes capture ranges itself (cudaProfilerApi)"
+                )
+        elif name == "capture-range-end":
+            if nsys and value != "repeat":
+                was = "null (verl: repeat-shutdown:<6*len(steps)>)" if value is None else None
+                m.warnings.append(
+                    f"{worker}.{name}: {was or show_value(value)}: not kept; aprof ends each "
+                    "capture range with 'repeat' (one report per capture window): "
+                    "repeat-shutdown:n and stop-shutdown shut the worker down after a counted "
+                    "number of ranges (verl guesses 6 per step), and aprof's ranges are its "
+                    "capture windows and never end the training process"
+                )
+        elif value is not None:
+            # YAML reads `true` and `1` as bool and int; nsys takes them as text.
+            kept[name] = str(value).lower() if isinstance(value, bool | int) else value
+    m.put("tool_config.nsys.options", kept or None, worker)
+    if nsys and m.get(f"{_NSYS}.controller_nsight_options"):
+        m.warnings.append(
+            f"{_NSYS}.controller_nsight_options: not used by aprof: they apply to verl's "
+            "driver process (TaskRunner), which aprof does not launch under nsys; aprof "
+            "profiles the workers only"
+        )
 
 
 def _map_role(m: _VerlMap, role: str, path: str, tool: object) -> None:

@@ -244,3 +244,104 @@ def test_launch_args_reads_a_verl_config(
     assert "aprof.verl.load(cfg)" in capsys.readouterr().err  # and launch-args --verl
     assert main(["launch-args", "--verl", "--engine", "vllm", "--version", "0.13.0"]) == 1
     assert "--verl needs CONFIG" in capsys.readouterr().err
+
+
+NSYS = "global_profiler.global_tool_config.nsys"
+TORCH_MEMORY = "global_profiler.global_tool_config.torch_memory"
+# verl 0.9.1's composed defaults (_generated_ppo_trainer.yaml).
+CONTROLLER_NSIGHT = {"trace": "cuda,nvtx,cublas,ucx", "cuda-memory-usage": "true"}
+WORKER_NSIGHT = {
+    **CONTROLLER_NSIGHT,
+    "cuda-graph-trace": "graph",
+    "capture-range": "cudaProfilerApi",
+    "capture-range-end": None,
+    "kill": "none",
+}
+
+
+def nsys_cfg(tool: str = "nsys", **worker: object) -> dict[str, Any]:
+    return verl_cfg(
+        tool,
+        **{
+            key(f"{NSYS}.controller_nsight_options"): CONTROLLER_NSIGHT,
+            key(f"{NSYS}.worker_nsight_options"): {**WORKER_NSIGHT, **worker},
+        },
+    )
+
+
+def test_nsys_worker_options_are_kept_and_aprofs_own_are_warned_about() -> None:
+    plan = load(nsys_cfg())
+    nsys = plan.config.tool_config.nsys
+    assert nsys.trace == ["cuda", "nvtx", "cublas", "ucx"]
+    assert nsys.options == {
+        "cuda-memory-usage": "true",
+        "cuda-graph-trace": "graph",
+        "kill": "none",
+    }
+    end, controller = (w for w in plan.warnings if w.startswith(NSYS))
+    assert end.startswith(
+        f"{NSYS}.worker_nsight_options.capture-range-end: null "
+        "(verl: repeat-shutdown:<6*len(steps)>): not kept; aprof ends each capture range "
+        "with 'repeat'"
+    )
+    assert controller.startswith(
+        f"{NSYS}.controller_nsight_options: not used by aprof: they apply to verl's driver"
+    )
+
+
+def test_nsys_capture_range_end_repeat_shutdown_is_refused_with_a_warning() -> None:
+    warnings = load(nsys_cfg(**{"capture-range-end": "repeat-shutdown:12"})).warnings
+    assert any(
+        w.startswith(f"{NSYS}.worker_nsight_options.capture-range-end: 'repeat-shutdown:12'")
+        and "shut the worker down" in w
+        for w in warnings
+    )
+    kept = load(nsys_cfg(**{"capture-range-end": "repeat", "capture-range": "nvtx"}))
+    assert not any("capture-range-end" in w for w in kept.warnings)
+    assert any(
+        w.startswith(f"{NSYS}.worker_nsight_options.capture-range: 'nvtx': not kept")
+        for w in kept.warnings
+    )
+
+
+def test_nsys_options_yaml_scalars_become_text_and_bad_ones_name_the_verl_key() -> None:
+    plan = load(nsys_cfg(**{"cuda-memory-usage": True, "sampling-frequency": 1000}))
+    assert plan.config.tool_config.nsys.options["cuda-memory-usage"] == "true"
+    assert plan.config.tool_config.nsys.options["sampling-frequency"] == "1000"
+    with pytest.raises(ConfigError, match="without whitespace") as err:
+        load(nsys_cfg(kill="sig term"))
+    assert err.value.key == f"{NSYS}.worker_nsight_options.kill"
+    with pytest.raises(ConfigError, match="long option name") as err:
+        load(nsys_cfg(Kill="none"))
+    assert err.value.key == f"{NSYS}.worker_nsight_options.Kill"
+
+
+def test_nsys_option_warnings_only_when_nsys_is_the_tool() -> None:
+    plan = load(nsys_cfg("torch"))
+    assert not any(w.startswith(NSYS) for w in plan.warnings)
+    assert plan.config.tool_config.nsys.options["kill"] == "none"
+
+
+def test_torch_memory_context_stacks_and_verls_automatic_oom_snapshot() -> None:
+    block = {
+        "trace_alloc_max_entries": 5000,
+        "stack_depth": 16,
+        "memory_snapshot_num_steps": 1,
+        "context": "alloc",
+        "stacks": "python",
+    }
+    plan = load(verl_cfg("torch_memory", **{key(TORCH_MEMORY): block}))
+    memory = plan.config.tool_config.torch_memory
+    assert (memory.max_entries, memory.stack_depth) == (5000, 16)
+    assert (memory.context, memory.stacks) == ("alloc", "python")
+    assert memory.snapshot_on_oom  # verl attaches its OOM observer with no key to stop it
+    assert not any(w.startswith(TORCH_MEMORY) for w in plan.warnings)
+
+
+def test_torch_memory_snapshot_num_steps_above_one_is_warned_about() -> None:
+    cfg = verl_cfg("torch_memory", **{key(f"{TORCH_MEMORY}.memory_snapshot_num_steps"): 3})
+    (warning,) = (w for w in load(cfg).warnings if w.startswith(TORCH_MEMORY))
+    assert warning.startswith(f"{TORCH_MEMORY}.memory_snapshot_num_steps: 3: not used by aprof")
+    with pytest.raises(ConfigError, match="python") as err:
+        load(verl_cfg("torch_memory", **{key(f"{TORCH_MEMORY}.stacks"): "cpp"}))
+    assert err.value.key == f"{TORCH_MEMORY}.stacks"

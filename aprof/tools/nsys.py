@@ -44,6 +44,7 @@ def nsys_command(
 
     ``output`` is nsys's ``-o`` (``%p`` expands to the process id); ``capture_range_end``
     says what each range end does (``repeat``: write a report and wait for the next range).
+    The config's other ``options`` follow ``--trace`` as ``--name=value``.
     """
     return [
         "nsys",
@@ -51,6 +52,7 @@ def nsys_command(
         "--capture-range=cudaProfilerApi",
         f"--capture-range-end={capture_range_end}",
         f"--trace={','.join(cfg.trace)}",
+        *(f"--{name}={value}" for name, value in cfg.options.items()),
         "-o",
         str(output),
         *argv,
@@ -64,12 +66,14 @@ def ray_nsight_runtime_env(
 
     Ray joins ``o`` onto its own log folder; an absolute ``output`` wins that join, so the
     reports land where the user chose. Ray joins the options with spaces: no spaces in paths.
+    The config's other ``options`` come after aprof's (Ray passes each as ``--name=value``).
     """
     return {
         "capture-range": "cudaProfilerApi",
         "capture-range-end": capture_range_end,
         "t": ",".join(cfg.trace),
         "o": str(Path(output).absolute()),
+        **cfg.options,
     }
 
 

@@ -17,10 +17,11 @@ if TYPE_CHECKING:
 class TorchMemoryTool:
     """Records allocator history for one capture and dumps it as ``<stem>.pickle``.
 
-    ``max_entries`` bounds the history ring. Stacks hold Python frames only (``stacks="python"``,
-    smaller snapshots than with C++ frames); torch has no depth limit, so ``stack_depth`` is not
-    applied and the note says so. With ``snapshot_on_oom`` each CUDA out-of-memory error during
-    a capture dumps ``<stem>.oom-<n>.pickle`` before the error propagates.
+    ``max_entries`` bounds the history ring; ``context`` and ``stacks`` go to torch as they are
+    (``stacks="python"`` gives smaller snapshots than ``"all"``, which adds C++ frames); torch
+    has no depth limit, so ``stack_depth`` is not applied and the note says so. With
+    ``snapshot_on_oom`` each CUDA out-of-memory error during a capture dumps
+    ``<stem>.oom-<n>.pickle`` before the error propagates.
     """
 
     name = "torch_memory"
@@ -46,11 +47,12 @@ class TorchMemoryTool:
         if self._dir is not None:
             raise RuntimeError("a torch_memory capture is already active")
         dir.mkdir(parents=True, exist_ok=True)
+        cfg = self.config
         torch.cuda.memory._record_memory_history(
-            max_entries=self.config.max_entries, stacks="python"
+            context=cfg.context, stacks=cfg.stacks, max_entries=cfg.max_entries
         )
         self._dir, self._stem, self._oom_files = dir, stem, []
-        self.note = "stack_depth is not applied: torch records whole Python stacks"
+        self.note = "stack_depth is not applied: torch records whole stacks"
 
     def stop(self) -> list[Path]:
         """Dump the snapshot, stop recording; the snapshot (and any OOM snapshot)."""

@@ -89,6 +89,13 @@ def test_the_table_of_issue_16_on_verl_s_own_config(path: Path) -> None:
     )
     assert plan.config.roles["actor"].discrete
     assert not plan.config.rollout.enable  # verl does not profile the rollout with nsys
+    # verl's nsys worker options are kept; those aprof cannot honour are said, not dropped.
+    nsys = plan.config.tool_config.nsys
+    assert nsys.options["cuda-memory-usage"] == "true"
+    assert nsys.options["cuda-graph-trace"] == "graph"
+    assert nsys.trace == ["cuda", "nvtx", "cublas", "ucx"]
+    text = "\n".join(plan.warnings)
+    assert "capture-range-end" in text and "controller_nsight_options" in text
     # The rollout is not profiled when not discrete, as in verl, and the plan says why.
     plan = aprof.verl.load(
         _composed(path, "global_profiler.tool=torch", "global_profiler.steps=[1]",

@@ -342,6 +342,64 @@ def test_nsys_command_exact_argv(make_config: MakeConfig) -> None:
     assert stop[6] == "r"
 
 
+def test_nsys_command_and_ray_options_keep_the_users_other_options(
+    make_config: MakeConfig,
+) -> None:
+    options = {"cuda-memory-usage": "true", "cuda-graph-trace": "node", "kill": "none"}
+    cfg = make_config(tool_config={"nsys": {"options": options}}).tool_config.nsys
+    assert nsys_command(cfg, ["python", "w.py"], output="/r/w_%p") == [
+        "nsys",
+        "profile",
+        "--capture-range=cudaProfilerApi",
+        "--capture-range-end=repeat",
+        "--trace=cuda,nvtx",
+        "--cuda-memory-usage=true",
+        "--cuda-graph-trace=node",
+        "--kill=none",
+        "-o",
+        "/r/w_%p",
+        "python",
+        "w.py",
+    ]
+    assert ray_nsight_runtime_env(cfg, "/r/w_%p") == {
+        "capture-range": "cudaProfilerApi",
+        "capture-range-end": "repeat",
+        "t": "cuda,nvtx",
+        "o": "/r/w_%p",
+        **options,
+    }
+
+
+@pytest.mark.parametrize(
+    ("options", "key", "reason"),
+    [
+        ({"capture-range-end": "repeat-shutdown:6"}, "capture-range-end", "set by aprof itself"),
+        ({"trace": "cuda"}, "trace", "tool_config.nsys.trace"),
+        ({"output": "x"}, "output", "tool_config.nsys.output_dir"),
+        ({"capture-range": "nvtx"}, "capture-range", "cudaProfilerApi"),
+        ({"--kill": "none"}, "--kill", "long option name"),
+        ({"o": "x"}, "o", "at least two characters"),
+        ({"Kill": "none"}, "Kill", "long option name"),
+        ({"kill": "sig term"}, "kill", "without whitespace"),
+        ({"kill": ""}, "kill", "without whitespace"),
+        ({"kill": True}, "kill", "expected a string"),
+    ],
+)
+def test_nsys_options_are_checked(
+    make_config: MakeConfig, options: dict[str, object], key: str, reason: str
+) -> None:
+    with pytest.raises(aprof.ConfigError, match=reason) as err:
+        make_config(tool_config={"nsys": {"options": options}})
+    assert err.value.key == f"tool_config.nsys.options.{key}"
+
+
+def test_nsys_options_count_is_bounded(make_config: MakeConfig) -> None:
+    many = {f"opt-{i}": "x" for i in range(65)}
+    with pytest.raises(aprof.ConfigError, match="at most 64 options") as err:
+        make_config(tool_config={"nsys": {"options": many}})
+    assert err.value.key == "tool_config.nsys.options"
+
+
 def test_ray_nsight_runtime_env_exact_options(make_config: MakeConfig) -> None:
     cfg = make_config().tool_config.nsys
     assert ray_nsight_runtime_env(cfg, "/data/reports/worker_%p") == {

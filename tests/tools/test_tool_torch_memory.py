@@ -122,7 +122,46 @@ def test_double_capture_records_history_and_dumps_a_snapshot(
             {"enabled": None, "context": "all", "stacks": "all", "max_entries": sys.maxsize},
         ),
     ]
-    assert tool.note == "stack_depth is not applied: torch records whole Python stacks"
+    assert tool.note == "stack_depth is not applied: torch records whole stacks"
+
+
+@pytest.mark.parametrize(
+    ("context", "stacks"), [("state", "python"), ("alloc", "all"), (None, "python")]
+)
+def test_double_context_and_stacks_reach_record_memory_history(
+    double: CudaMemoryDouble,
+    make_config: MakeConfig,
+    tmp_path: Path,
+    context: str | None,
+    stacks: str,
+) -> None:
+    cfg = make_config(
+        global_profiler={"tool": "torch_memory"},
+        tool_config={"torch_memory": {"context": context, "stacks": stacks}},
+    )
+    tool = make_tool(cfg)
+    tool.start(tmp_path, "s")
+    tool.stop()
+    assert double.calls[0] == (
+        "_record_memory_history",
+        {"enabled": "all", "context": context, "stacks": stacks, "max_entries": 100_000},
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "reason"),
+    [
+        ("context", "frames", "state"),
+        ("stacks", "cpp", "python"),
+        ("stacks", None, "python"),
+    ],
+)
+def test_context_and_stacks_are_checked(
+    make_config: MakeConfig, key: str, value: object, reason: str
+) -> None:
+    with pytest.raises(aprof.ConfigError, match=reason) as err:
+        make_config(tool_config={"torch_memory": {key: value}})
+    assert err.value.key == f"tool_config.torch_memory.{key}"
 
 
 def test_double_oom_snapshot_only_when_asked_and_only_during_a_capture(
