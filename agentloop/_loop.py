@@ -28,14 +28,14 @@ class SpanFactory(Protocol):
     """What :attr:`AgentLoop.span` gives: call it with a name and attrs for a ``with``."""
 
     def __call__(
-        self, name: str, **attrs: SpanValue
+        self, name: str, /, **attrs: SpanValue
     ) -> contextlib.AbstractContextManager[object]: ...
 
 
 _NULL = contextlib.nullcontext()
 
 
-def _no_span(name: str, **attrs: SpanValue) -> contextlib.nullcontext[None]:
+def _no_span(name: str, /, **attrs: SpanValue) -> contextlib.nullcontext[None]:
     return _NULL  # it keeps no state: one serves every span
 
 

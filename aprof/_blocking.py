@@ -70,7 +70,7 @@ class BlockingProfiler:
         """``with prof.step(n):`` global step ``n``: opens and closes that step's windows."""
         return self._open_portal().wrap_async_context_manager(self._profiler.step(n))
 
-    def span(self, name: str, **attrs: AttrValue) -> AbstractContextManager[None]:
+    def span(self, name: str, /, **attrs: AttrValue) -> AbstractContextManager[None]:
         """``with prof.span(name, **attrs):`` a timeline span of the caller's code."""
         return self._span(name, attrs)
 

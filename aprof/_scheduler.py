@@ -180,7 +180,7 @@ class Profiler:
         """The context of one request to ``replica``: gate, count, and report what happened."""
         return Request(self._gate, self._recorder, replica, request_id)
 
-    def span(self, name: str, **attrs: AttrValue) -> Span | NullSpan:
+    def span(self, name: str, /, **attrs: AttrValue) -> Span | NullSpan:
         """A timeline span named ``name`` (a turn, a tool call), for ``with`` or ``async with``.
 
         ``attrs`` become the span's args; the current step is added. A no-op when

@@ -83,5 +83,5 @@ class RolloutProfiler(Protocol):
     def request(self, *, replica: int, request_id: str | None = None) -> Request:
         """The context of one request to ``replica``: gate, count, and report what happened."""
 
-    def span(self, name: str, **attrs: AttrValue) -> Span | NullSpan:
+    def span(self, name: str, /, **attrs: AttrValue) -> Span | NullSpan:
         """A timeline span named ``name``, for ``with`` or ``async with``."""

@@ -121,7 +121,7 @@ class RemoteProfiler:
         self._watch()
         return Request(self._gate, self._recorder, replica, request_id)
 
-    def span(self, name: str, **attrs: AttrValue) -> Span | NullSpan:
+    def span(self, name: str, /, **attrs: AttrValue) -> Span | NullSpan:
         """A span on this process's timeline, as :meth:`aprof.Profiler.span`."""
         if self._recorder is None:
             return NULL_SPAN

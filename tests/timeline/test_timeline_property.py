@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from timeline_rules import Slice, check_trace, load_trace, timeline_file
 
@@ -149,6 +149,7 @@ scalars = st.text() | st.integers(-(2**80), 2**80) | st.floats() | st.booleans()
         st.text().filter(lambda k: k.isidentifier() and k != "step"), scalars, max_size=5
     ),
 )
+@example(name="0", attrs={"name": None})  # an attr called name: the span's name is positional
 def test_span_names_and_attrs_survive_any_value(name: str, attrs: dict[str, Any]) -> None:
     """Quotes, control characters, huge ints, NaN: the file parses and the args come back
     (non-finite floats as their text)."""
