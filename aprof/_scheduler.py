@@ -105,6 +105,8 @@ class Profiler:
         self._step_began = 0
         self._link: Link | None = None
         """The transport to other processes this profiler is shared with (``aprof.ray``)."""
+        self._host = socket.gethostname()
+        """This machine, as the manifest names it beside each timeline file."""
         self._own_timeline: list[TimelineFile] = []
         self._remote_timeline: dict[str, list[TimelineFile]] = {}
         """Other processes' timeline files, by process, as they last reported them."""
@@ -702,7 +704,7 @@ class Profiler:
                 events=written.events,
                 dropped=written.dropped,
                 recorder=BACKEND,
-                host=socket.gethostname(),
+                host=self._host,
             )
             for path, written in timeline.files()
         ]
