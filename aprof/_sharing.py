@@ -35,6 +35,8 @@ class RolloutView(NamedTuple):
     live: bool
     """The step has rollout windows: requests are admitted."""
     phases: dict[int, RemotePhase]
+    closing: bool = False
+    """The driver's profiler closes: each process closes its remote profiler now."""
 
 
 class Counts(NamedTuple):
@@ -69,7 +71,8 @@ class Link(Protocol):
         """Step ``step`` is open: return once the other processes know it (bounded)."""
 
     async def aclose(self) -> None:
-        """The profiler closes: take the last reports in and stop (bounded)."""
+        """The profiler closes: have the other processes close, take their last reports in
+        and stop (bounded)."""
 
 
 class RolloutProfiler(Protocol):

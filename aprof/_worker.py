@@ -130,6 +130,11 @@ class WorkerProfiler:
         self._schedule = _schedule_of(self.config)
         self._stepping: CaptureTool | None = None  # the tool of a scheduled capture in progress
 
+    @property
+    def current_step(self) -> int | None:
+        """The selected global step in progress on a capturing rank; None outside one."""
+        return self._step
+
     # -- global steps ----------------------------------------------------------------------
 
     @contextmanager

@@ -4,7 +4,9 @@ A Ray driver cannot be called by its actors, so the driver keeps a small async a
 hub, on its node. The driver publishes its :class:`RolloutView` to the hub and long-polls it
 for mail (first requests that open a window, the processes' reports); every other process
 long-polls it for the view, handing in its report with each poll, and asks it for the
-outcome of a window that is due or starting. Every wait here is bounded.
+outcome of a window that is due or starting. When the driver's profiler closes, its last view
+says so (``closing``): each process closes itself, and the driver waits for them (bounded).
+Every wait here is bounded.
 """
 
 from __future__ import annotations
@@ -94,6 +96,25 @@ class Hub:
         asks, self._asks = sorted(self._asks), set()
         reports, self._reports = self._reports, {}
         return asks, reports
+
+    async def closed(self, wait_s: float) -> list[str]:
+        """Wait (at most ``wait_s``) until every process that watches and keeps up has
+        closed; returns those that did not. Those that never watched or lag are not waited
+        for: they may not hear that the run closes."""
+
+        def still_open() -> list[str]:
+            return [
+                name
+                for name, p in self._processes.items()
+                if p.watching and not p.lagging and not p.closed
+            ]
+
+        try:
+            async with asyncio.timeout(wait_s), self._news:
+                await self._news.wait_for(lambda: not still_open())
+            return []
+        except TimeoutError:
+            return still_open()
 
     async def wake(self) -> None:
         """Have the driver's pull in flight return now (the driver is closing)."""
@@ -186,6 +207,8 @@ class Hub:
         self._processes.setdefault(name, _Process()).closed = True
         report.closed = True
         await self._file(name, report)
+        async with self._news:  # the driver's close may wait for it
+            self._news.notify_all()
 
     # -- helpers --------------------------------------------------------------------------------
 

@@ -67,7 +67,8 @@ def connect(
 
 class RemoteProfiler:
     """The driver's profiler as one other process sees it: :meth:`request`, :meth:`span` and
-    :attr:`current_step`, as on :class:`aprof.Profiler`; :meth:`aclose` at the end.
+    :attr:`current_step`, as on :class:`aprof.Profiler`; :meth:`aclose` at the end (the
+    driver's profiler closing has it run if the process does not).
 
     A request's first to a replica in a step asks the driver (one round trip, shared by the
     requests that come meanwhile); after that, its requests to that replica in that step are
@@ -101,7 +102,8 @@ class RemoteProfiler:
         """Per (step, replica): admitted, gated, ungated, since the last report."""
         self._sent_timeline: list[dict[str, object]] = []
         self._watching: asyncio.Task[None] | None = None
-        self._closed = False
+        self._closing: asyncio.Task[None] | None = None
+        """The close, begun by :meth:`aclose` or by the driver's closing view."""
         self._host = socket.gethostname()
         self._root = Path(handle.save_path)
         self._timeline = self._open_timeline(self._root)
@@ -129,10 +131,18 @@ class RemoteProfiler:
 
     async def aclose(self) -> None:
         """Write this process's timeline and hand its last counts and files to the driver
-        (at most ``timeouts.connect_s`` for the hub, ``timeouts.stop_s`` for the disk)."""
-        if self._closed:
-            return
-        self._closed = True
+        (at most ``timeouts.connect_s`` for the hub, ``timeouts.stop_s`` for the disk).
+
+        The driver's profiler closing does this by itself; later requests go ungated and
+        uncounted."""
+        if self._closing is None:
+            self._closing = asyncio.get_running_loop().create_task(self._close())
+        # Shielded: a caller cancelled does not cut the close short (it has one chance).
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
+        """What :meth:`aclose` does, once."""
+        self._gate.live = False  # requests from now on go uncounted: no report would carry them
         if self._watching is not None:
             self._watching.cancel()
             await asyncio.wait({self._watching})  # its report is with the hub, or comes next
@@ -239,7 +249,10 @@ class RemoteProfiler:
 
     def _watch(self) -> None:
         """Keep watching the driver's view, from the first call in an event loop on."""
-        if self._watching is not None or self._closed or self._gone is not None:
+        if self._watching is not None or self._closing is not None or self._gone is not None:
+            return
+        if self._view.closing:  # joined as the driver closed: nothing to watch for
+            self._close_soon()
             return
         with contextlib.suppress(RuntimeError):  # no event loop yet: the next call starts it
             loop = asyncio.get_running_loop()
@@ -258,6 +271,8 @@ class RemoteProfiler:
                 self._lost(exc)
                 return
             self._apply(view)
+            if view.closing:  # its close is under way: nothing more to hear
+                return
 
     def _apply(self, view: RolloutView) -> None:
         if view.version <= self._view.version:
@@ -268,6 +283,18 @@ class RemoteProfiler:
         self._known.clear()  # settled by an older view: the new one may differ (queued → starting)
         if step_changed and self._timeline is not None:
             self._timeline.flush()
+        if view.closing:
+            self._close_soon()
+
+    def _close_soon(self) -> None:
+        """Close as the driver's profiler closes: in a task of its own, not in the watch,
+        which the close cancels and waits for."""
+        if self._closing is not None:
+            return
+        with contextlib.suppress(RuntimeError):  # no event loop yet: the first call closes it
+            self._closing = asyncio.get_running_loop().create_task(
+                self._close(), name="aprof-remote-close"
+            )
 
     def _report(self) -> Report:
         counts, self._counts = self._counts, {}

@@ -99,16 +99,20 @@ class _DriverLink:
         self._closed: set[str] = set()
         """Processes that closed their remote profiler."""
         self._closing = False
-        """The profiler closes: the pull in flight is the last of the loop."""
+        """The profiler closes: views tell the processes to close, and the pull in flight
+        is the last of the loop."""
         self._log = logger.bind(run_id=handle.run_id)
 
     def changed(self) -> None:
         if self._gone is not None:
             return
         self._version += 1
+        view = self.prof._rollout_view(self._version)
+        if self._closing:  # a later view must not take back the close
+            view = view._replace(closing=True)
         # Not awaited: the hub takes views in version order whatever order they arrive in.
         try:
-            self.handle.hub.publish.remote(self.prof._rollout_view(self._version))
+            self.handle.hub.publish.remote(view)
         except Exception as exc:  # called from the profiler's steps: never raise into them
             self._lost(exc)
 
@@ -160,6 +164,8 @@ class _DriverLink:
     async def aclose(self) -> None:
         self._closing = True
         hub = self.handle.hub
+        if self._gone is None:
+            await self._close_processes()
         try:
             # Not cancelled: a pull cancelled on its way back would lose the mail it took.
             async with asyncio.timeout(self.prof.config.timeouts.connect_s + 1.0):
@@ -192,6 +198,19 @@ class _DriverLink:
                     f"{name} did not close its remote profiler ({state}): what it counted "
                     "after its last report is not in the windows",
                 )
+
+    async def _close_processes(self) -> None:
+        """Tell the processes that the run closes and wait, at most ``timeouts.connect_s``,
+        for each that watches to close its remote profiler (those that do not are noted)."""
+        connect_s = self.prof.config.timeouts.connect_s
+        self.changed()  # a closing view: each process's watch returns with it at once
+        try:
+            async with asyncio.timeout(connect_s + 1.0):
+                await self.handle.hub.closed.remote(connect_s)
+        except TimeoutError:  # a slow hub: what has not come in by now is noted
+            self._log.warning("aprof hub slow: closed before the processes did")
+        except Exception as exc:
+            self._lost(exc)
 
     def _lost(self, exc: BaseException) -> None:
         if self._gone is not None:

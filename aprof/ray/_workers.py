@@ -39,22 +39,31 @@ class ProfilerMixin:
 
     def aprof_begin(self, step: int, *, rank: int) -> None:
         """Open this actor's window at global step ``step``; ``rank`` is the driver's view."""
-        worker = self._aprof_local()
-        if worker.rank != rank:
-            raise ValueError(
-                f"the driver holds this actor as rank {rank}, its profiler has rank {worker.rank}"
-            )
-        worker.begin_step(step)
+        begin_window(self._aprof_local(), step, rank)
 
     def aprof_end(self) -> list[dict[str, Any]]:
         """Close the window; its captures as plain records (``WorkerCapture`` fields)."""
-        return [asdict(c) for c in self._aprof_local().end_step()]
+        return end_window(self._aprof_local())
 
     def _aprof_local(self) -> LocalWorker:
         worker: LocalWorker | None = getattr(self, "_aprof_worker", None)
         if worker is None:
             raise RuntimeError("call self.init_profiler(...) in the actor's constructor first")
         return worker
+
+
+def begin_window(worker: LocalWorker, step: int, rank: int) -> None:
+    """Open ``worker``'s window at ``step``, once its rank is the one the driver holds."""
+    if worker.rank != rank:
+        raise ValueError(
+            f"the driver holds this actor as rank {rank}, its profiler has rank {worker.rank}"
+        )
+    worker.begin_step(step)
+
+
+def end_window(worker: LocalWorker) -> list[dict[str, Any]]:
+    """Close ``worker``'s window; its captures as plain records, which cross to the driver."""
+    return [asdict(c) for c in worker.end_step()]
 
 
 class _ActorWorker:

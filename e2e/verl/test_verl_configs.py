@@ -5,6 +5,8 @@ OmegaConf's ``DictConfig`` of them, as verl's trainer holds its config."""
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -118,3 +120,39 @@ def test_the_table_of_issue_16_on_verl_s_own_config(path: Path) -> None:
     # The plain loader points a verl config to the verl entry point.
     with pytest.raises(aprof.ConfigError, match=r"aprof\.verl\.load"):
         aprof.load_config(OmegaConf.to_container(OmegaConf.load(path)))  # type: ignore[arg-type]
+
+
+def test_a_main_ppo_cfg_job_dump_maps_as_the_user_set_it(tmp_path: Path) -> None:
+    pytest.importorskip("verl.trainer.main_ppo", reason="its trainer's imports (torchdata, peft)")
+    overrides = [
+        "global_profiler.steps=[1,3]",
+        "global_profiler.tool=torch",
+        "actor_rollout_ref.actor.profiler.enable=true",
+        "actor_rollout_ref.actor.profiler.ranks=[1]",
+        "actor_rollout_ref.actor.profiler.tool_config.torch.discrete=true",
+        "actor_rollout_ref.rollout.profiler.enable=true",
+        "actor_rollout_ref.rollout.profiler.tool_config.torch.discrete=true",
+    ]
+    command = [sys.executable, "-m", "verl.trainer.main_ppo", "--cfg", "job", *overrides]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    dump = tmp_path / "job.yaml"  # verl's composed trainer config, as the trainer gets it
+    dump.write_text(done.stdout)
+
+    plan = aprof.verl.load(dump)
+    assert plan.warnings == ()
+    assert plan.overrides == ("global_profiler.steps=null",)
+    assert str(plan.config.global_profiler.steps) == "1,3"
+    actor = plan.config.roles["actor"]
+    assert (actor.enable, actor.ranks, actor.discrete) == (True, [1], True)
+    assert plan.config.rollout.enable and plan.config.rollout.replicas == [0]
+
+    validated = subprocess.run(
+        [sys.executable, "-m", "aprof", "validate", "--verl", str(dump)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert validated.returncode == 0, validated.stderr
+    assert "global_profiler.steps=null" in validated.stdout

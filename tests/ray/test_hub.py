@@ -113,6 +113,51 @@ async def test_reports_sum_up_until_the_driver_pulls() -> None:
     assert await hub.pull(0) == ([], {})
 
 
+async def test_the_close_waits_for_each_process_that_watches_until_it_closed() -> None:
+    hub = _hub()
+    names = [hub.register("agent_loop_worker", None)[0] for _ in range(3)]
+    first, second, lagging = names
+    await hub.publish(_view(1, 1))
+    for name in names:
+        assert (await hub.watch(name, 0, None)).version == 1  # news: returns at once
+    await hub.publish(_view(2, None))
+    confirming = [asyncio.create_task(hub.watch(n, 2, None)) for n in (first, second)]
+    assert await hub.entered(2) == [lagging]  # it missed a step: the close does not wait for it
+    never = hub.register("agent_loop_worker", None)[0]  # never watches: cannot hear of the close
+    await hub.publish(RolloutView(3, None, False, {}, closing=True))
+    # The close reaches the processes at once: their watches return with it.
+    assert [(await w).closing for w in confirming] == [True, True]
+    closing = asyncio.create_task(hub.closed(5.0))
+    await hub.close(first, Report(counts=[Counts(2, 0, 3, 1, 0)]))
+    await asyncio.sleep(0)  # one pass of the loop: the wait has seen the first close
+    assert not closing.done()
+    await hub.close(second, Report())
+    assert await asyncio.wait_for(closing, 5) == []
+    assert hub.processes() == {
+        first: "closed",
+        second: "closed",
+        lagging: "lagging",
+        never: "registered",
+    }
+    _, reports = await hub.pull(0)
+    assert {n: (r.counts, r.closed) for n, r in reports.items()} == {
+        first: ([Counts(2, 0, 3, 1, 0)], True),
+        second: ([], True),
+    }
+    assert await hub.closed(5.0) == []  # all closed: returns at once
+
+
+async def test_the_close_waits_for_a_process_at_most_its_bound() -> None:
+    hub = _hub()
+    busy, done = (hub.register("agent_loop_worker", None)[0] for _ in range(2))
+    await hub.publish(_view(1, 1))
+    for name in (busy, done):
+        await hub.watch(name, 0, None)  # news: returns at once
+    await hub.close(done, Report())
+    assert await asyncio.wait_for(hub.closed(0.05), 5) == [busy]  # bounded by wait_s
+    assert hub.processes() == {busy: "watching", done: "closed"}
+
+
 async def test_share_says_what_it_needs(make_config: MakeConfig) -> None:
     prof = aprof.Profiler(make_config())
     with pytest.raises(RuntimeError, match="open the profiler first"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -91,6 +92,32 @@ class LoopWorker:
 
 
 Worker = ray.remote(LoopWorker)
+
+
+class BlockableWorker(LoopWorker):
+    """A worker whose event loop the test can block (a synchronous call) and release: its
+    control calls run in a concurrency group of their own, with its own thread and loop."""
+
+    def __init__(self, handle: aprof.ray.ShareHandle, rank: int) -> None:
+        super().__init__(handle, rank)
+        self.blocked = threading.Event()
+        self.unblocked = threading.Event()
+
+    async def block(self) -> None:
+        """Hold this worker's event loop, where its remote profiler runs, until released."""
+        self.blocked.set()
+        self.unblocked.wait(LIMIT_S)
+
+    @ray.method(concurrency_group="control")
+    async def wait_blocked(self) -> bool:
+        return await asyncio.to_thread(self.blocked.wait, LIMIT_S)
+
+    @ray.method(concurrency_group="control")
+    async def unblock(self) -> None:
+        self.unblocked.set()
+
+
+Blockable = ray.remote(concurrency_groups={"control": 2})(BlockableWorker)
 
 
 def _workers(handle: aprof.ray.ShareHandle, n: int) -> list[Any]:
@@ -291,6 +318,87 @@ async def test_a_worker_killed_mid_step_costs_its_own_counts_only(
     notes = " | ".join(n.text for n in manifest.notes)
     assert "agent_loop_worker_1 did not take step 2" in notes
     assert "agent_loop_worker_1 did not close its remote profiler" in notes
+
+
+def _requests(trace: Any) -> list[dict[str, Any]]:
+    """The request events of a worker's timeline file."""
+    events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    return [e for e in events if e.get("cat") == "request" and e["ph"] == "b"]
+
+
+async def test_workers_that_never_close_are_closed_by_the_driver(make_config: MakeConfig) -> None:
+    target = RecordingTarget("replica_0", replica=0)
+    cfg = make_config(
+        global_profiler={"steps": [1, 2]},
+        rollout={"forward_steps": None},
+        timeouts={"connect_s": 30},
+    )
+    async with asyncio.timeout(LIMIT_S):
+        async with aprof.Profiler(cfg) as prof:
+            prof.add_target(target)
+            workers = _workers(aprof.ray.share(prof), 3)
+            sent = {}
+            for n in (1, 2):
+                async with prof.step(n):
+                    sent[n] = await _send(workers, 100, 1)
+            names = await asyncio.gather(*(w.name.remote() for w in workers))
+            # No worker closes its remote profiler: the driver's close has them close.
+        # Closed that way, a remote profiler lets requests go, ungated and uncounted.
+        after = await _send(workers, 5, 1)
+        assert all(not (s.gated or s.captured) for s in after)
+        await asyncio.gather(*(w.close.remote() for w in workers))  # closed already: no-op
+
+    manifest = aprof.load_manifest(prof.save_path)
+    assert not manifest.notes
+    assert [len(sent[n]) for n in (1, 2)] == [300, 300]
+    assert_windows(
+        manifest, [{"step": n, "state": "done", "requests.admitted": 300} for n in (1, 2)]
+    )
+    listed = {t.process: t for t in manifest.timeline}
+    for name in names:
+        entry = listed[name]
+        assert (entry.events, entry.dropped) == (200, 0)
+        trace = prof.save_path / entry.path
+        assert trace.stat().st_size == entry.bytes
+        assert len(_requests(trace)) == 200
+
+
+async def test_a_worker_busy_as_the_driver_closes_is_noted_and_closes_later(
+    make_config: MakeConfig,
+) -> None:
+    target = RecordingTarget("replica_0", replica=0)
+    connect_s = 5
+    cfg = make_config(
+        global_profiler={"steps": [1]},
+        rollout={"forward_steps": None},
+        timeouts={"connect_s": connect_s},
+    )
+    async with asyncio.timeout(LIMIT_S):
+        async with aprof.Profiler(cfg) as prof:
+            prof.add_target(target)
+            handle = aprof.ray.share(prof)
+            free, busy = (Blockable.remote(handle, rank) for rank in range(2))
+            async with prof.step(1):
+                sent = await _send([free, busy], 20, 1)
+            blocked = busy.block.remote()
+            assert await busy.wait_blocked.remote()
+            closing = time.monotonic()
+        closed_s = time.monotonic() - closing
+        await busy.unblock.remote()
+        await blocked
+        # Its loop free again, it closes (the hub is gone): nothing raises into its calls.
+        after = await busy.send.remote(5, 1)
+        await busy.close.remote()
+    assert connect_s <= closed_s < connect_s + 10  # waited for the busy worker, and no more
+    assert all(not (s.gated or s.captured) for s in after)
+    manifest = aprof.load_manifest(prof.save_path)
+    [window] = manifest.windows
+    # The busy worker's counts are in as far as it reported them before its loop stopped.
+    assert 20 <= window.requests.admitted <= len(sent) == 40
+    notes = [n.text for n in manifest.notes]
+    assert len(notes) == 1 and "agent_loop_worker_1 did not close its remote profiler" in notes[0]
+    entry = {t.process: t for t in manifest.timeline}["agent_loop_worker_0"]
+    assert entry.events == 20 and len(_requests(prof.save_path / entry.path)) == 20
 
 
 async def test_a_hub_killed_mid_step_lets_requests_go_ungated(make_config: MakeConfig) -> None:

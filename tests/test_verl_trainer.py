@@ -1,0 +1,96 @@
+"""``aprof.verl.ProfiledTrainerMixin``: every global step of verl's ``fit()`` an aprof step.
+
+verl is not installed here: ``VerlTrainer`` stands in for verl 0.9.1's ``RayPPOTrainer`` with
+its two per-step hooks, their signatures, and the order ``fit()`` calls them in (the real class
+is checked against it in ``e2e/verl/test_verl_trainer.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+import aprof
+from aprof.testing import RecordingTarget, assert_windows
+
+MakeConfig = Callable[..., aprof.ProfilerConfig]
+
+
+class VerlTrainer:
+    """verl 0.9.1's ``RayPPOTrainer`` as far as the mixin meets it."""
+
+    def __init__(self) -> None:
+        self.global_steps = 0
+        self.calls: list[tuple[str, int, bool]] = []
+        self.seen: list[int | None] = []
+        """aprof's current step while each step's body ran."""
+
+    def _start_profiling(self, do_profile: bool) -> None:
+        self.calls.append(("verl start", self.global_steps, do_profile))
+
+    def _stop_profiling(self, do_profile: bool, run_command: bool = False) -> None:
+        self.calls.append(("verl stop", self.global_steps, do_profile))
+
+    def fit(self, steps: int, *, fail_at: int | None = None) -> None:
+        """As verl's: start hook, the step's work, stop hook, then the next global step."""
+        self.global_steps = 1
+        for _ in range(steps):
+            self._start_profiling(False)  # verl's own profiler is off (plan.overrides)
+            prof = getattr(self, "aprof_profiler", None)
+            self.seen.append(None if prof is None else prof.current_step)
+            if self.global_steps == fail_at:
+                raise RuntimeError("a step failed")
+            self._stop_profiling(False, run_command=False)
+            self.global_steps += 1
+
+
+class Trainer(aprof.verl.ProfiledTrainerMixin, VerlTrainer):
+    pass
+
+
+def test_each_global_step_of_fit_is_an_aprof_step(make_config: MakeConfig) -> None:
+    trainer = Trainer()
+    with aprof.BlockingProfiler(
+        make_config(global_profiler={"steps": [1, 3]}, roles={"actor": {"enable": True}})
+    ) as prof:
+        prof.add_target(RecordingTarget("actor", kind="role"))
+        trainer.aprof_profiler = prof
+        trainer.fit(4)
+    assert trainer.seen == [1, 2, 3, 4]
+    assert_windows(
+        prof.manifest,
+        [{"step": n, "target": "actor", "state": "done", "stop_reason": "step_end"}
+         for n in (1, 3)],
+    )  # fmt: skip
+    # verl's own hooks still run, each once per step.
+    assert trainer.calls == [
+        (hook, n, False) for n in range(1, 5) for hook in ("verl start", "verl stop")
+    ]
+
+
+def test_a_step_that_raised_is_closed_when_the_next_begins(make_config: MakeConfig) -> None:
+    trainer = Trainer()
+    with aprof.BlockingProfiler(
+        make_config(global_profiler={"steps": [1, 2]}, roles={"actor": {"enable": True}})
+    ) as prof:
+        prof.add_target(RecordingTarget("actor", kind="role"))
+        trainer.aprof_profiler = prof
+        with pytest.raises(RuntimeError, match="a step failed"):
+            trainer.fit(3, fail_at=1)
+        assert prof.current_step == 1  # fit() never reached its stop hook
+        trainer.fit(2)  # verl's resumed run: step 1 again, then 2
+        assert trainer.seen == [1, 1, 2]
+    # Step 1's window closed as the resumed run began; a step profiled once is not again.
+    assert [(w.step, w.state) for w in prof.manifest.windows] == [(1, "done"), (2, "done")]
+
+
+def test_without_a_profiler_or_after_it_closed_the_trainer_runs_as_verls(
+    make_config: MakeConfig,
+) -> None:
+    trainer = Trainer()
+    trainer.fit(2)
+    assert trainer.seen == [None, None]
+    with aprof.BlockingProfiler(make_config()) as prof:
+        trainer.aprof_profiler = prof
+    trainer.fit(2)  # the profiler closed: a warning, never an error
+    assert len(trainer.calls) == 8
