@@ -25,6 +25,7 @@ from aprof._config import (
 from aprof._errors import CaptureError, ConfigError, describe
 from aprof._logging import configure_logging
 from aprof._manifest import Manifest, ManifestError, RankCapture, WindowRecord, load_manifest
+from aprof._merge import MergedStep, merge
 from aprof._scheduler import Profiler
 from aprof._sharing import RolloutProfiler
 from aprof._steps import StepSelection
@@ -48,6 +49,7 @@ __all__ = [
     "ManagedTarget",
     "Manifest",
     "ManifestError",
+    "MergedStep",
     "Profiler",
     "ProfilerConfig",
     "RankCapture",
@@ -68,6 +70,7 @@ __all__ = [
     "from_verl",
     "load_config",
     "load_manifest",
+    "merge",
     "read_config_file",
     "staged",
     "timeline_backend",

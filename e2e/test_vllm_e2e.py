@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gzip
+import json
 import os
 import signal
 import subprocess
@@ -129,6 +131,34 @@ async def test_profiled_steps_capture_exactly_the_window(
     assert spec.profiler_dir is not None
     left = [p.name for p in spec.profiler_dir.iterdir() if is_vllm_worker_trace(p)]
     assert left == [], "worker traces left behind in the server's trace folder"
+    _assert_merged_on_the_window(save_path, prof.manifest.windows[0])
+
+
+def _assert_merged_on_the_window(save_path: Path, window: aprof.WindowRecord) -> None:
+    """``aprof merge`` places vLLM's own worker (and frontend) traces of the window by their
+    clocks: every slice of them lies within the window's start and stop (wall clock)."""
+    (merged,) = aprof.merge(save_path, steps=[window.step])
+    assert merged.notes == ()
+    with gzip.open(merged.path, "rt") as f:
+        doc = json.load(f)
+    names = {
+        e["pid"]: e["args"]["name"] for e in doc["traceEvents"] if e.get("name") == "process_name"
+    }
+    assert any(n.startswith("replica_0 · vLLM worker") for n in names.values()), names
+    if any("async_llm" in f.path for f in window.files):
+        assert "replica_0 · frontend" in names.values(), names
+    assert window.started_ns is not None and window.stopped_ns is not None
+    slack_ns = 2_000_000_000  # the capture's own start and stop take a moment
+    base = doc["baseTimeNanoseconds"]
+    slices = [
+        base + e["ts"] * 1000
+        for e in doc["traceEvents"]
+        if e.get("ph") == "X" and names.get(e.get("pid"), "").startswith("replica_0")
+    ]
+    assert slices
+    assert (
+        window.started_ns - slack_ns <= min(slices) and max(slices) <= window.stopped_ns + slack_ns
+    )
 
 
 async def test_server_without_profiling_gives_a_clear_failed_window(

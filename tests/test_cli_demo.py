@@ -124,6 +124,14 @@ def test_demo_profiles_the_selected_steps(tmp_path: Path) -> None:
     turns = [e for e in events if e.get("ph") == "b" and e.get("name") == "turn"]
     assert len(requests) == len(turns) == 3 * 4 * 3  # steps x loops x turns
     assert {e["args"]["step"] for e in requests} == {1, 2, 3}
+    # It ends with each profiled step merged onto one clock (aprof merge).
+    for step in (1, 3):
+        merged = out / "merged" / f"step_{step}.trace.json.gz"
+        assert f"merged: {merged} (step {step})" in done.stdout.splitlines()
+        names = {
+            e["args"]["name"] for e in _trace_events(merged) if e.get("name") == "process_name"
+        }
+        assert {"driver", "replica_0 · frontend", "replica_1 · frontend"} <= names
 
 
 def test_demo_fully_async(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from typing import NoReturn, Protocol, cast
 SUBCOMMANDS: dict[str, str] = {
     "demo": "run a small profiled async RL loop and show what was captured",
     "launch-args": "print the env and args that launch a server ready for profiling",
+    "merge": "merge each profiled step's timelines and traces into one trace on one clock",
     "npu-analyse": "parse raw *_ascend_pt captures (analysis: false) into readable results",
     "serve-reference": "run the embedded reference inference server (vLLM or SGLang dialect)",
     "validate": "check a config file and print the resolved config",

@@ -40,11 +40,13 @@ from aprof import (
     CaptureTarget,
     ConfigError,
     Manifest,
+    ManifestError,
     Profiler,
     ProfilerConfig,
     WorkerGroup,
     configure_logging,
     load_config,
+    merge,
 )
 from aprof.cli._demo_trainer import TrainerProcess
 from servers import LaunchError, SGLangServer, VLLMServer, launch, launch_spec
@@ -126,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     _print_table(manifest, config.global_profiler.save_path)
+    _print_merged(config.global_profiler.save_path)
     servers = "replica_<r>.log: the servers; " if args.server[0] == "reference" else ""
     print(f"logs: {logs} ({servers}{TRAINER_LOG}: the trainer, with torch's own lines)")
     return 0
@@ -322,7 +325,22 @@ def _print_table(manifest: Manifest, out: Path) -> None:
     print(f"  windows of each step in {out / 'manifest'}/step_<n>.json, all: aprof.load_manifest")
     for timeline in manifest.timeline:
         print(f"timeline: {out / timeline.path}")
-    print("open the timeline and any trace file (*.pt.trace.json.gz) in https://ui.perfetto.dev")
+
+
+def _print_merged(out: Path) -> None:
+    """Each profiled step merged onto one clock (``aprof merge``), and where to open it."""
+    try:
+        merged = merge(out)
+    except (ManifestError, OSError, ValueError) as exc:  # the run itself is done and kept
+        print(f"merged: none ({exc})")
+        merged = []
+    for step in merged:
+        notes = f", {len(step.notes)} notes: aprof merge {out} --steps {step.step}"
+        print(f"merged: {step.path} (step {step.step}{notes if step.notes else ''})")
+    print(
+        "open the merged steps, the timeline and any trace file (*.trace.json.gz) in "
+        "https://ui.perfetto.dev"
+    )
 
 
 def _size(n: int) -> str:

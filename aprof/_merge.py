@@ -1,0 +1,385 @@
+"""One step, one trace: a profiled step's timelines and captures merged onto one clock.
+
+Every input is Chrome trace JSON, each with its own clock:
+
+- aprof's timelines (``timeline/*.trace.json.gz``): ``baseTimeNanoseconds`` (wall clock, from
+  the process's anchor) plus ``ts`` in µs; only the step's events are taken (those whose
+  ``args.step`` is the step, and the ends of the spans they begin);
+- torch.profiler (Kineto) traces, of servers' workers and trainer ranks: ``baseTimeNanoseconds``
+  plus ``ts`` in µs;
+- traces without ``baseTimeNanoseconds`` whose ``ts`` are absolute µs since the epoch (vLLM's
+  frontend trace): placed as they are.
+
+All are placed by wall clock, so files from other hosts line up as far as their clocks agree.
+Each input's processes get pids of their own in the merged file, named for the target first
+(``replica_0 · vLLM worker``, ``actor · rank 0``, ``driver``). An input that is missing,
+unreadable, truncated, too large or on no known clock is left out and named in a note; the rest
+is merged. Memory holds one input at a time; the merged file is written as it goes, atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from aprof._errors import describe
+from aprof._manifest import Manifest, WindowRecord, load_manifest
+from aprof._safe_files import open_folder, read_regular, replace_file
+from aprof._steps import StepSelection
+
+FOLDER = "merged"
+"""Where the merged traces go, below ``save_path`` unless told otherwise."""
+MAX_INPUT_BYTES = 2 << 30
+"""The largest input taken, compressed or not (the profiler's default ``max_window_bytes``)."""
+_ABSOLUTE_US = 1e15
+"""``ts`` above this many µs (2001 on) are taken as µs since the epoch."""
+_CHUNK = 1 << 20
+_DROPPED_METADATA = {"process_name", "process_labels", "process_sort_index"}
+
+
+@dataclass(frozen=True)
+class MergedStep:
+    """One merged step: where it was written and what went into it."""
+
+    step: int
+    path: Path
+    events: int
+    inputs: tuple[str, ...]
+    """The files merged, relative to ``save_path``."""
+    notes: tuple[str, ...]
+    """What could not be merged, and why."""
+    others: tuple[str, ...] = ()
+    """The step's files that are not Chrome JSON traces (tables, nsys reports), as they are."""
+
+
+@dataclass
+class _Input:
+    """One file to merge, with what the merged trace calls its processes."""
+
+    path: str
+    """Relative to ``save_path``."""
+    label: str
+    sort: int
+    timeline_process: str | None = None
+    """Set for a timeline part: take only the step's events."""
+    server: bool = False
+    """A rollout server's file: its kind (worker, frontend) completes the label."""
+
+
+@dataclass
+class _Output:
+    base_ns: int
+    events: int = 0
+    next_pid: int = 1
+    notes: list[str] = field(default_factory=list)
+    merged: list[str] = field(default_factory=list)
+    others: list[str] = field(default_factory=list)
+    scopes: dict[str, int] = field(default_factory=dict)
+    """Each process's (timeline) or file's index: what keeps its ids apart from others'."""
+    pids: dict[str, dict[object, int]] = field(default_factory=dict)
+    """Per scope: its pids in the merged trace, by their own."""
+    open_ids: dict[str, dict[object, int]] = field(default_factory=dict)
+    """Per timeline process: the ids of the step's spans begun and not yet ended, with how
+    many of their nested slices are open."""
+
+
+def merge(
+    save_path: str | os.PathLike[str],
+    *,
+    steps: StepSelection | Iterable[int] | None = None,
+    out: str | os.PathLike[str] | None = None,
+) -> list[MergedStep]:
+    """Merge each profiled step of the run in ``save_path`` (or ``steps``) into
+    ``<out>/step_<n>.trace.json.gz`` (``out`` defaults to ``save_path/merged``).
+
+    Raises ``ManifestError`` when ``save_path`` holds no readable manifest and ``ValueError``
+    for a step the run did not profile; an input that cannot be merged is a note instead.
+    """
+    root = Path(save_path)
+    manifest = load_manifest(root)
+    profiled = sorted({w.step for w in manifest.windows})
+    shown = ", ".join(map(str, profiled)) or "none"
+    if isinstance(steps, StepSelection):
+        chosen = [n for n in profiled if n in steps]
+        if not chosen:
+            raise ValueError(f"no step of {steps} was profiled in this run (profiled: {shown})")
+    else:
+        chosen = profiled if steps is None else sorted(set(steps))
+        missing = [n for n in chosen if n not in profiled]
+        if missing:
+            raise ValueError(f"step {missing[0]} was not profiled in this run (profiled: {shown})")
+    # Below save_path, no link is followed; a folder of the user's choosing is theirs.
+    where = (str(root), [FOLDER]) if out is None else (os.fspath(out), [])
+    return [_merge_step(root, manifest, n, where) for n in chosen]
+
+
+def _merge_step(
+    root: Path, manifest: Manifest, step: int, where: tuple[str, list[str]]
+) -> MergedStep:
+    output = _Output(base_ns=manifest.clock.wall_ns)
+    name = f"step_{step}.trace.json.gz"
+    chunks = _gzip(_document(root, manifest, step, _inputs(manifest, step), output))
+    folder = open_folder(where[0], where[1], create=True)
+    try:
+        replace_file(folder, name, chunks)
+    finally:
+        os.close(folder)
+    path = Path(where[0], *where[1], name)
+    return MergedStep(
+        step,
+        path,
+        output.events,
+        tuple(output.merged),
+        tuple(output.notes),
+        tuple(output.others),
+    )
+
+
+def _inputs(manifest: Manifest, step: int) -> list[_Input]:
+    """What goes into ``step``'s trace: every timeline, then each window's files."""
+    found: list[_Input] = []
+    for entry in manifest.timeline:
+        driver = entry.process.startswith("driver")
+        found.append(
+            _Input(
+                entry.path,
+                "driver" if driver else entry.process,
+                0 if driver else 1,
+                timeline_process=entry.process,
+            )
+        )
+    for window in manifest.windows:
+        if window.step == step:
+            found += _window_inputs(window)
+    return found
+
+
+def _window_inputs(window: WindowRecord) -> list[_Input]:
+    if window.kind == "role":
+        return [
+            _Input(f.path, f"{window.target} · rank {c.rank}", 3 + c.rank)
+            for c in window.captures
+            for f in c.files
+        ] or [_Input(f.path, window.target, 3) for f in window.files]
+    return [_Input(f.path, window.target, 2, server=True) for f in window.files]
+
+
+def _server_part(path: str, data: dict[str, Any]) -> str:
+    """What part of a server wrote ``path``: vLLM's frontend or worker, an SGLang TP rank."""
+    name = PurePosixPath(path).name
+    if "async_llm" in name:
+        return "frontend"
+    tp = re.search(r"TP-(\d+)", name)
+    if tp:
+        return f"SGLang TP {tp.group(1)}"
+    return "vLLM worker" if "vllm_version" in data else "server"
+
+
+def _document(
+    root: Path, manifest: Manifest, step: int, inputs: list[_Input], output: _Output
+) -> Iterator[bytes]:
+    """The merged trace's JSON text, piece by piece."""
+    yield b'{"displayTimeUnit":"ms","baseTimeNanoseconds":%d,"traceEvents":[' % output.base_ns
+    first = True
+    for item in inputs:
+        if not _traceable(item.path):
+            output.others.append(item.path)
+            continue
+        try:
+            data = _load(root, item.path)
+            texts = [_text(event) for event in _placed(data, item, step, output)]
+        except Exception as exc:  # a damaged or hostile input costs itself only
+            output.notes.append(f"{item.path}: not merged: {_why(exc)}")
+            continue
+        if not texts:
+            continue
+        output.merged.append(item.path)
+        for text in texts:
+            yield text if first else b"," + text
+            first = False
+        output.events += len(texts)
+    meta = {
+        "run_id": manifest.run_id,
+        "step": step,
+        "clock": "wall clock: each input's baseTimeNanoseconds plus its ts, or its absolute ts; "
+        "files from other hosts line up as far as their clocks agree",
+        "inputs": output.merged,
+        "notes": output.notes,
+        "others": output.others,
+    }
+    yield b'],"aprof":' + json.dumps(meta, ensure_ascii=True).encode() + b"}"
+
+
+def _text(event: dict[str, Any]) -> bytes:
+    """An event as the merged file holds it: compact ASCII JSON, never NaN or Infinity."""
+    return json.dumps(event, separators=(",", ":"), allow_nan=False, ensure_ascii=True).encode()
+
+
+def _traceable(path: str) -> bool:
+    return path.endswith((".json", ".json.gz"))
+
+
+def _load(root: Path, path: str) -> dict[str, Any]:
+    """The JSON object of ``path`` below ``root``, read without following a link out."""
+    rel = PurePosixPath(path)
+    if rel.is_absolute() or ".." in rel.parts:
+        raise ValueError("outside save_path")
+    real = (root / rel).resolve()
+    if not real.is_relative_to(root.resolve()):
+        raise ValueError("a link out of save_path")
+    raw = read_regular(real, MAX_INPUT_BYTES)
+    if path.endswith(".gz"):
+        raw = _gunzip(raw)
+    data = json.loads(raw)
+    if isinstance(data, list):  # the array form of the format
+        data = {"traceEvents": data}
+    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+        raise ValueError("no traceEvents list")
+    return data
+
+
+def _gunzip(raw: bytes) -> bytes:
+    inflate = zlib.decompressobj(wbits=47)  # gzip or zlib header
+    out = inflate.decompress(raw, MAX_INPUT_BYTES + 1)
+    if len(out) > MAX_INPUT_BYTES:
+        raise ValueError(f"more than {MAX_INPUT_BYTES} bytes once decompressed")
+    if not inflate.eof:
+        raise EOFError("truncated: the compressed stream ends early")
+    return out
+
+
+def _placed(
+    data: dict[str, Any], item: _Input, step: int, output: _Output
+) -> Iterator[dict[str, Any]]:
+    """The input's events of ``step`` on the merged clock, with pids of their own."""
+    base = data.get("baseTimeNanoseconds")
+    events = [e for e in data["traceEvents"] if isinstance(e, dict)]
+    if isinstance(base, int) and not isinstance(base, bool):
+        offset_ns = base - output.base_ns
+    elif _absolute(events):
+        offset_ns = -output.base_ns
+    else:
+        raise ValueError("on no known clock (no baseTimeNanoseconds, ts not since the epoch)")
+    if item.timeline_process is not None:
+        events = _of_step(events, step, output.open_ids.setdefault(item.timeline_process, {}))
+    # A timeline's parts are one process: they share its pids and ids.
+    scope = item.timeline_process or item.path
+    tag = output.scopes.setdefault(scope, len(output.scopes))
+    # Taken from the output once the whole input is placed: a damaged one leaves no trace.
+    pids = dict(output.pids.get(scope, {}))
+    next_pid = output.next_pid
+    names: dict[object, str] = {}
+    for event in events:
+        if event.get("ph") == "M" and event.get("name") == "process_name":
+            names[event.get("pid")] = str((event.get("args") or {}).get("name", ""))
+    new: list[tuple[object, int]] = []
+    for event in events:
+        if event.get("ph") == "M" and event.get("name") in _DROPPED_METADATA:
+            continue
+        placed = dict(event)
+        if "pid" in placed:
+            pid = pids.get(placed["pid"])
+            if pid is None:
+                pid = pids[placed["pid"]] = next_pid
+                next_pid += 1
+                new.append((placed["pid"], pid))
+            placed["pid"] = pid
+        ts = placed.get("ts")
+        if ts is not None:
+            if not isinstance(ts, int | float) or isinstance(ts, bool) or not math.isfinite(ts):
+                continue
+            placed["ts"] = round(ts + offset_ns / 1000, 3)
+        for key in ("id", "bind_id"):  # flow and async ids are global: keep each input's apart
+            if key in placed:
+                placed[key] = f"{tag}:{placed[key]}"
+        yield placed
+    output.pids[scope], output.next_pid = pids, next_pid
+    named = f"{item.label} · {_server_part(item.path, data)}" if item.server else item.label
+    for original, pid in new:
+        label = named
+        if len(pids) > 1:  # a torch trace's other processes: its devices, say
+            label = f"{label} · {names.get(original) or _pid_name(original)}"
+        yield {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": label}}
+        yield {
+            "ph": "M",
+            "name": "process_sort_index",
+            "pid": pid,
+            "tid": 0,
+            "args": {"sort_index": item.sort * 1000 + pid},
+        }
+
+
+def _pid_name(pid: object) -> str:
+    if isinstance(pid, int):
+        return f"pid {pid}"
+    return str(pid) or "unnamed"  # Kineto names some pseudo-processes by their pid
+
+
+def _absolute(events: list[dict[str, Any]]) -> bool:
+    stamps = [e["ts"] for e in events if isinstance(e.get("ts"), int | float)]
+    return bool(stamps) and min(stamps) > _ABSOLUTE_US
+
+
+def _of_step(
+    events: list[dict[str, Any]], step: int, open_ids: dict[object, int]
+) -> list[dict[str, Any]]:
+    """A timeline's events of ``step``: those that say so, the events of the spans they begin
+    until those end (nested slices share their span's id; an end may come in a later part of
+    the timeline), and the metadata."""
+    kept = []
+    for event in events:
+        phase, args = event.get("ph"), event.get("args")
+        span = _span_id(event)
+        ours = isinstance(args, dict) and args.get("step") == step
+        if phase == "M" or ours or (span is not None and span in open_ids):
+            kept.append(event)
+        if span is None or not (ours or span in open_ids):
+            continue
+        if phase == "b":
+            open_ids[span] = open_ids.get(span, 0) + 1
+        elif phase == "e":
+            depth = open_ids.pop(span, 1) - 1
+            if depth > 0:
+                open_ids[span] = depth
+    return kept
+
+
+def _span_id(event: dict[str, Any]) -> object:
+    ids = event.get("id2")
+    if isinstance(ids, dict):
+        return ("id2", str(ids.get("local", ids.get("global"))), event.get("cat"))
+    if "id" in event:
+        return ("id", str(event["id"]), event.get("cat"))
+    return None
+
+
+def _gzip(pieces: Iterable[bytes]) -> Iterator[bytes]:
+    deflate = zlib.compressobj(6, zlib.DEFLATED, 31)
+    buffered: list[bytes] = []
+    size = 0
+    for piece in pieces:
+        buffered.append(piece)
+        size += len(piece)
+        if size >= _CHUNK:
+            yield deflate.compress(b"".join(buffered))
+            buffered, size = [], 0
+    yield deflate.compress(b"".join(buffered)) + deflate.flush()
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, FileNotFoundError):
+        return "missing"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"not valid JSON ({exc.msg} at byte {exc.pos}): truncated or damaged"
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    if isinstance(exc, ValueError | EOFError):
+        return str(exc)
+    return describe(exc)

@@ -1,0 +1,43 @@
+"""``aprof merge SAVE_PATH``: each profiled step of a run as one trace on one clock.
+
+Merge each profiled step's timelines (the driver's and every agent-loop process's) and its
+windows' Chrome JSON traces (the servers' workers and frontends, the trainer ranks) into
+SAVE_PATH/merged/step_<n>.trace.json.gz (or --out DIR), placed by wall clock, each process
+named by its target. Open it in https://ui.perfetto.dev or chrome://tracing. An input that
+cannot be merged (missing, truncated, not JSON, on no known clock) is named in a note and left
+out. Exits 1 with one line when SAVE_PATH holds no run or a step was not profiled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from aprof import ManifestError, StepSelection, merge
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``aprof merge``."""
+    parser.add_argument("save_path", metavar="SAVE_PATH", help="a profiled run's save_path")
+    parser.add_argument("--steps", help="profiled steps to merge, e.g. 1,3 or 2-4 (default all)")
+    parser.add_argument("--out", type=Path, help="folder for the merged traces")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Merge, print each merged file with its notes; 0, or 1 with one line on bad input."""
+    try:
+        steps = None if args.steps is None else StepSelection.parse(args.steps, key="--steps")
+        merged = merge(args.save_path, steps=steps, out=args.out)
+    except (ManifestError, ValueError, OSError) as exc:
+        print(f"aprof merge: {exc}".replace("\n", "\\n"), file=sys.stderr)
+        return 1
+    for step in merged:
+        others = f"; {len(step.others)} other files kept as they are" if step.others else ""
+        print(
+            f"step {step.step}: {step.path} "
+            f"({step.events} events from {len(step.inputs)} files{others})"
+        )
+        for note in step.notes:
+            print(f"  note: {note}")
+    return 0

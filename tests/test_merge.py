@@ -1,0 +1,227 @@
+"""``aprof merge``: a profiled step of ``aprof demo`` (reference servers, a trainer, the driver's
+timeline) merged into one Chrome trace on one clock, and what a damaged input costs."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import aprof
+from aprof import merge
+
+pytest.importorskip("torch")  # the demo's servers and trainer run torch
+ROOT = Path(__file__).resolve().parents[1]
+SKEW_US = 1000
+"""How far a forward step may lie outside every request span to its replica (1 ms)."""
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A demo run, steps 1 and 2 of 3 profiled (two replicas, a trainer)."""
+    out = tmp_path_factory.mktemp("demo")
+    command = [sys.executable, "-m", "aprof", "demo", "--out", str(out)]
+    command += ["--steps", "1,2", "--num-steps", "3"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def events_of(path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    with gzip.open(path, "rt", encoding="ascii") as f:
+        doc = json.load(f, parse_constant=pytest.fail)  # no NaN or Infinity
+    return doc["traceEvents"], doc
+
+
+def processes(events: list[dict[str, Any]]) -> dict[int, str]:
+    return {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+
+
+def test_each_step_puts_requests_and_forward_steps_on_one_clock(demo: Path, tmp_path: Path) -> None:
+    merged = merge(demo, out=tmp_path)
+    assert [m.step for m in merged] == [1, 2]
+    for step in merged:
+        assert step.path == tmp_path / f"step_{step.step}.trace.json.gz"
+        events, doc = events_of(step.path)
+        assert doc["aprof"]["step"] == step.step and step.events == len(events)
+        names = processes(events)
+        assert len(set(names.values())) == len(names)  # each process named once, apart
+        labels = set(names.values())
+        assert "driver" in labels and "replica_0 · frontend" in labels
+        assert any(n.startswith("trainer · rank 0") for n in labels)
+        for r in (0, 1):
+            assert any(n.startswith(f"replica_{r} · vLLM worker · python") for n in labels)
+            spans = request_spans(events, names, r)
+            forward = [
+                (e["ts"], e["ts"] + e["dur"])
+                for e in events
+                if names.get(e.get("pid"), "").startswith(f"replica_{r} · vLLM worker")
+                and str(e.get("name")).startswith("forward_step#")
+            ]
+            assert len(forward) == 8  # the window's forward steps (--forward-steps)
+            for begin, end in forward:  # each served a request the driver sent that replica
+                assert any(s - SKEW_US <= end and begin <= t + SKEW_US for s, t in spans)
+        # Only this step's part of the driver's timeline, with every span it begins ended.
+        driver = [e for e in events if names.get(e.get("pid")) == "driver" and "args" in e]
+        assert {e["args"]["step"] for e in driver if "step" in e["args"]} == {step.step}
+        phases = Counter(e["ph"] for e in events if names.get(e.get("pid")) == "driver")
+        assert phases["b"] == phases["e"] > 0
+
+
+def request_spans(
+    events: list[dict[str, Any]], names: dict[int, str], replica: int
+) -> list[tuple[float, float]]:
+    begun: dict[str, float] = {}
+    spans = []
+    for e in events:
+        if names.get(e.get("pid")) == "driver" and e.get("name") == f"request replica_{replica}":
+            key = e["id2"]["local"]
+            if e["ph"] == "b":
+                begun[key] = e["ts"]
+            elif e["ph"] == "e":
+                spans.append((begun.pop(key), e["ts"]))
+    assert spans and not begun
+    return spans
+
+
+def test_a_damaged_input_is_named_and_the_rest_merged(demo: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(demo, run)
+    manifest = aprof.load_manifest(run)
+    files = [f.path for w in manifest.windows if w.step == 1 for f in w.files]
+    traces = [p for p in files if p.endswith(".pt.trace.json.gz")]
+    worker = next(p for p in traces if "async_llm" not in p and "replica_0" in p)
+    frontend = next(p for p in traces if "async_llm" in p and "replica_1" in p)
+    data = (run / worker).read_bytes()
+    (run / worker).write_bytes(data[: len(data) // 2])  # a run killed mid-write
+    (run / frontend).unlink()
+    outside = tmp_path / "secret.json"
+    outside.write_text('{"traceEvents": [{"ph": "X", "name": "secret", "ts": 1, "dur": 1}]}')
+    trainer = next(
+        f.path for w in manifest.windows if w.step == 1 and w.kind == "role" for f in w.files
+    )
+    (run / trainer).unlink()
+    (run / trainer).symlink_to(outside)
+
+    (step,) = merge(run, steps=[1])
+    notes = "\n".join(step.notes)
+    assert f"{worker}: not merged: truncated" in notes
+    assert f"{frontend}: not merged: missing" in notes
+    assert f"{trainer}: not merged: a link out of save_path" in notes
+    events, doc = events_of(step.path)
+    assert doc["aprof"]["notes"] == list(step.notes)
+    labels = set(processes(events).values())
+    assert "replica_0 · frontend" in labels
+    assert any(label.startswith("replica_1 · vLLM worker · python") for label in labels)
+    assert not any(label.startswith("trainer") for label in labels)
+    assert not any(e.get("name") == "secret" for e in events)
+
+
+def test_the_command_line(demo: Path, tmp_path: Path) -> None:
+    def aprof_merge(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "aprof", "merge", *args]
+        return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+    done = aprof_merge(str(demo), "--steps", "2", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"step 2: {tmp_path / 'step_2.trace.json.gz'} (")
+    assert (tmp_path / "step_2.trace.json.gz").is_file()
+    assert not (tmp_path / "step_1.trace.json.gz").exists()
+
+    default = aprof_merge(str(demo), "--steps", "1")
+    assert default.returncode == 0 and (demo / "merged" / "step_1.trace.json.gz").is_file()
+
+    for args, line in [
+        ((str(demo), "--steps", "3"), "no step of 3 was profiled in this run (profiled: 1, 2)"),
+        ((str(tmp_path / "none"),), "cannot read"),
+        ((str(demo), "--steps", "x"), "--steps"),
+    ]:
+        bad = aprof_merge(*args)
+        assert bad.returncode == 1 and bad.stdout == ""
+        assert bad.stderr.startswith("aprof merge: ") and line in bad.stderr
+        assert bad.stderr.count("\n") == 1
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+EVENT_KEYS = st.sampled_from(["ph", "name", "pid", "tid", "ts", "dur", "id", "id2", "args", "cat"])
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    events=st.lists(
+        st.dictionaries(EVENT_KEYS, JSON_VALUES, max_size=6) | JSON_VALUES, max_size=12
+    ),
+    base=st.none() | st.integers() | st.floats() | st.text(max_size=4),
+)
+def test_any_json_in_an_input_leaves_a_valid_merged_trace(
+    demo: Path, tmp_path: Path, events: list[Any], base: Any
+) -> None:
+    run = tmp_path / "run"
+    if not run.exists():
+        shutil.copytree(demo, run)
+    manifest = aprof.load_manifest(run)
+    frontend = next(
+        f.path for w in manifest.windows if w.step == 2 for f in w.files if "async_llm" in f.path
+    )
+    doc = (
+        {"traceEvents": events}
+        if base is None
+        else {"traceEvents": events, "baseTimeNanoseconds": base}
+    )
+    with gzip.open(run / frontend, "wt") as f:
+        json.dump(doc, f)  # NaN and Infinity too: Python's json writes them
+
+    (step,) = merge(run, steps=[2], out=tmp_path / "out")
+    merged, _ = events_of(step.path)  # valid JSON, no NaN: whatever the input held
+    assert len(merged) == step.events
+    names = set(processes(merged).values())
+    assert "driver" in names and any(n.startswith("replica_1 · vLLM worker") for n in names)
+    assert (
+        frontend in step.inputs
+        or any(n.startswith(frontend) for n in step.notes)
+        or not any(isinstance(e, dict) for e in events)
+    )
+
+
+def test_a_timeline_in_parts_is_one_process_whose_spans_cross_parts(
+    demo: Path, tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(demo, run)
+    listing = json.loads((run / "manifest.json").read_text())
+    (entry,) = listing["timeline"]
+    first = run / entry["path"]
+    with gzip.open(first, "rt") as f:
+        doc = json.load(f)
+    events = doc["traceEvents"]
+    half = len(events) // 2  # a span begun in part 1 may end in part 2, as when a part fills
+    second = first.with_name(first.name.replace(".trace.json.gz", ".2.trace.json.gz"))
+    for path, part in ((first, events[:half]), (second, events[:1] + events[half:])):
+        with gzip.open(path, "wt") as f:
+            json.dump({**doc, "traceEvents": part}, f)
+    listing["timeline"].append({**entry, "path": str(second.relative_to(run))})
+    (run / "manifest.json").write_text(json.dumps(listing))
+
+    for step in merge(run, out=tmp_path / "out"):
+        merged, _ = events_of(step.path)
+        names = processes(merged)
+        assert list(names.values()).count("driver") == 1
+        phases = Counter(e["ph"] for e in merged if names.get(e.get("pid")) == "driver")
+        assert phases["b"] == phases["e"] > 0
