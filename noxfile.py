@@ -65,6 +65,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_agentloop.py")
     session.run("python", "benchmarks/bench_long_run.py")
     session.run("python", "benchmarks/bench_ray.py")
+    session.run("python", "benchmarks/bench_merge.py")
 
 
 @nox.session(python="3.11", default=False)

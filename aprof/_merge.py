@@ -33,6 +33,8 @@ from aprof._errors import describe
 from aprof._manifest import Manifest, WindowRecord, load_manifest
 from aprof._safe_files import open_folder, read_regular, replace_file
 from aprof._steps import StepSelection
+from aprof._trace_archive import ArchiveFile
+from aprof._trace_archive import write as write_archive
 
 FOLDER = "merged"
 """Where the merged traces go, below ``save_path`` unless told otherwise."""
@@ -57,6 +59,9 @@ class MergedStep:
     """What could not be merged, and why."""
     others: tuple[str, ...] = ()
     """The step's files that are not Chrome JSON traces (tables, nsys reports), as they are."""
+    archive: Path | None = None
+    """The same step as a Perfetto trace archive (the merged inputs, untouched, with a
+    ``perfetto_manifest.json``), when any input was merged."""
 
 
 @dataclass
@@ -69,6 +74,8 @@ class _Input:
     sort: int
     timeline_process: str | None = None
     """Set for a timeline part: take only the step's events."""
+    host: str | None = None
+    """The host that wrote it, where the manifest says."""
     server: bool = False
     """A rollout server's file: its kind (worker, frontend) completes the label."""
 
@@ -81,6 +88,8 @@ class _Output:
     notes: list[str] = field(default_factory=list)
     merged: list[str] = field(default_factory=list)
     others: list[str] = field(default_factory=list)
+    archived: list[ArchiveFile] = field(default_factory=list)
+    """The merged inputs, as the trace archive holds them."""
     scopes: dict[str, int] = field(default_factory=dict)
     """Each process's (timeline) or file's index: what keeps its ids apart from others'."""
     pids: dict[str, dict[object, int]] = field(default_factory=dict)
@@ -126,19 +135,23 @@ def _merge_step(
     output = _Output(base_ns=manifest.clock.wall_ns)
     name = f"step_{step}.trace.json.gz"
     chunks = _gzip(_document(root, manifest, step, _inputs(manifest, step), output))
+    archive = f"step_{step}.perfetto.tar"
     folder = open_folder(where[0], where[1], create=True)
     try:
         replace_file(folder, name, chunks)
+        if output.archived:
+            attributes: dict[str, str | int] = {"aprof.run_id": manifest.run_id, "aprof.step": step}
+            write_archive(folder, archive, output.archived, attributes)
     finally:
         os.close(folder)
-    path = Path(where[0], *where[1], name)
     return MergedStep(
         step,
-        path,
+        Path(where[0], *where[1], name),
         output.events,
         tuple(output.merged),
         tuple(output.notes),
         tuple(output.others),
+        Path(where[0], *where[1], archive) if output.archived else None,
     )
 
 
@@ -153,12 +166,13 @@ def _inputs(manifest: Manifest, step: int) -> list[_Input]:
                 "driver" if driver else entry.process,
                 0 if driver else 1,
                 timeline_process=entry.process,
+                host=entry.host,
             )
         )
     for window in manifest.windows:
         if window.step == step:
             found += _window_inputs(window)
-    return found
+    return sorted(found, key=lambda item: item.sort)  # the driver first: the archive's reference
 
 
 def _window_inputs(window: WindowRecord) -> list[_Input]:
@@ -193,18 +207,24 @@ def _document(
             output.others.append(item.path)
             continue
         try:
-            data = _load(root, item.path)
-            texts = [_text(event) for event in _placed(data, item, step, output)]
+            source = _inside(root, item.path)
+            data = _load(source, item.path)
+            base = data.get("baseTimeNanoseconds")
+            placed = list(_placed(data, item, step, output))
+            texts = list(_texts(placed))
+            del data, placed  # the text is all that is left to write
         except Exception as exc:  # a damaged or hostile input costs itself only
             output.notes.append(f"{item.path}: not merged: {_why(exc)}")
             continue
         if not texts:
             continue
         output.merged.append(item.path)
-        for text in texts:
+        file_base = base if isinstance(base, int) and not isinstance(base, bool) else 0
+        output.archived.append(ArchiveFile(item.path, source, file_base, item.host))
+        for text, count in texts:
             yield text if first else b"," + text
             first = False
-        output.events += len(texts)
+            output.events += count
     meta = {
         "run_id": manifest.run_id,
         "step": step,
@@ -217,23 +237,36 @@ def _document(
     yield b'],"aprof":' + json.dumps(meta, ensure_ascii=True).encode() + b"}"
 
 
-def _text(event: dict[str, Any]) -> bytes:
-    """An event as the merged file holds it: compact ASCII JSON, never NaN or Infinity."""
-    return json.dumps(event, separators=(",", ":"), allow_nan=False, ensure_ascii=True).encode()
+_ENCODE = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=True).encode
+_BATCH = 2000
+"""Events encoded per call: one call per event would cost more than the encoding."""
+
+
+def _texts(events: list[dict[str, Any]]) -> Iterator[tuple[bytes, int]]:
+    """The events as the merged file holds them, a batch at a time, with their count:
+    compact ASCII JSON, never NaN or Infinity."""
+    for start in range(0, len(events), _BATCH):
+        batch = events[start : start + _BATCH]
+        yield _ENCODE(batch)[1:-1].encode(), len(batch)
 
 
 def _traceable(path: str) -> bool:
     return path.endswith((".json", ".json.gz"))
 
 
-def _load(root: Path, path: str) -> dict[str, Any]:
-    """The JSON object of ``path`` below ``root``, read without following a link out."""
+def _inside(root: Path, path: str) -> Path:
+    """The file ``path`` names below ``root``; ``ValueError`` when it leads out of it."""
     rel = PurePosixPath(path)
     if rel.is_absolute() or ".." in rel.parts:
         raise ValueError("outside save_path")
     real = (root / rel).resolve()
     if not real.is_relative_to(root.resolve()):
         raise ValueError("a link out of save_path")
+    return real
+
+
+def _load(real: Path, path: str) -> dict[str, Any]:
+    """The JSON object of the trace file ``real`` (``path`` below ``save_path``)."""
     raw = read_regular(real, MAX_INPUT_BYTES)
     if path.endswith(".gz"):
         raw = _gunzip(raw)
@@ -283,7 +316,7 @@ def _placed(
     for event in events:
         if event.get("ph") == "M" and event.get("name") in _DROPPED_METADATA:
             continue
-        placed = dict(event)
+        placed = event  # parsed here, nobody else's: changed in place
         if "pid" in placed:
             pid = pids.get(placed["pid"])
             if pid is None:
@@ -361,7 +394,7 @@ def _span_id(event: dict[str, Any]) -> object:
 
 
 def _gzip(pieces: Iterable[bytes]) -> Iterator[bytes]:
-    deflate = zlib.compressobj(6, zlib.DEFLATED, 31)
+    deflate = zlib.compressobj(1, zlib.DEFLATED, 31)  # speed over ratio, as the timeline
     buffered: list[bytes] = []
     size = 0
     for piece in pieces:

@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tarfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -225,3 +226,61 @@ def test_a_timeline_in_parts_is_one_process_whose_spans_cross_parts(
         assert list(names.values()).count("driver") == 1
         phases = Counter(e["ph"] for e in merged if names.get(e.get("pid")) == "driver")
         assert phases["b"] == phases["e"] > 0
+
+
+def test_the_perfetto_archive_pins_each_file_where_the_merged_trace_puts_it(
+    demo: Path, tmp_path: Path
+) -> None:
+    (step,) = merge(demo, steps=[1], out=tmp_path)
+    assert step.archive == tmp_path / "step_1.perfetto.tar"
+    with tarfile.open(step.archive) as tar:
+        members = tar.getnames()
+        document = json.load(tar.extractfile("perfetto_manifest.json"))
+        files = {name: tar.extractfile(name).read() for name in members[1:]}
+    assert members[0] == "perfetto_manifest.json"
+    # The format's rules (version 1 of Perfetto's trace-manifest reference).
+    body = document["perfetto_manifest"]
+    assert body["version"] == 1
+    entries = body["files"]
+    paths = [entry["path"] for entry in entries]
+    assert paths == list(step.inputs) == members[1:]  # every input, by its archive path
+    assert all(files[p] == (demo / p).read_bytes() for p in paths)  # untouched
+    reference, *pinned = entries
+    assert "clocks" not in reference and reference["path"].startswith("timeline/driver")
+    for entry in pinned:
+        clocks = entry["clocks"]
+        assert set(clocks) == {"sync_to", "offset_ns"}
+        assert clocks["sync_to"] == {"file": reference["path"]}  # pinned: no clock named
+        assert isinstance(clocks["offset_ns"], int) and not isinstance(clocks["offset_ns"], bool)
+    assert body["attributes"] == {"aprof.run_id": aprof.load_manifest(demo).run_id, "aprof.step": 1}
+
+    # Each pinned file lands where the merged trace puts it (a slice of each, by wall clock).
+    merged, doc = events_of(step.path)
+    driver_base = json.loads(gzip.decompress(files[reference["path"]]))["baseTimeNanoseconds"]
+    for entry in pinned:
+        own = json.loads(gzip.decompress(files[entry["path"]]))
+        first = next(e for e in own["traceEvents"] if e.get("ph") == "X")
+        wall = driver_base + entry["clocks"]["offset_ns"] + round(first["ts"] * 1000)
+        same = [
+            doc["baseTimeNanoseconds"] + round(e["ts"] * 1000)
+            for e in merged
+            if e.get("ph") == "X"
+            and e.get("name") == first["name"]
+            and e.get("dur") == first.get("dur")
+        ]
+        assert any(abs(w - wall) <= 1000 for w in same), entry["path"]
+
+
+def test_files_from_other_hosts_name_their_machine() -> None:
+    from aprof._trace_archive import ArchiveFile, manifest
+
+    files = [
+        ArchiveFile("timeline/driver-1.trace.json.gz", Path("a"), 5_000, "head"),
+        ArchiveFile("timeline/agent_loop_worker_0.trace.json.gz", Path("b"), 7_000, "node-2"),
+        ArchiveFile("step_1/rollout/replica_0/w.pt.trace.json.gz", Path("c"), 1_000),
+    ]
+    entries = manifest(files, attributes={})["perfetto_manifest"]["files"]
+    assert [e.get("machine") for e in entries] == [{"name": "head"}, {"name": "node-2"}, None]
+    assert [e.get("clocks", {}).get("offset_ns") for e in entries] == [None, 2_000, -4_000]
+    one_host = manifest(files[:1] + files[2:], attributes={})["perfetto_manifest"]["files"]
+    assert all("machine" not in e for e in one_host)

@@ -3,7 +3,9 @@
 Merge each profiled step's timelines (the driver's and every agent-loop process's) and its
 windows' Chrome JSON traces (the servers' workers and frontends, the trainer ranks) into
 SAVE_PATH/merged/step_<n>.trace.json.gz (or --out DIR), placed by wall clock, each process
-named by its target. Open it in https://ui.perfetto.dev or chrome://tracing. An input that
+named by its target, and beside it the same files untouched in a Perfetto trace archive
+(step_<n>.perfetto.tar, with a perfetto_manifest.json placing each on the driver's timeline).
+Open either in https://ui.perfetto.dev (the merged trace also in chrome://tracing). An input that
 cannot be merged (missing, truncated, not JSON, on no known clock) is named in a note and left
 out. Exits 1 with one line when SAVE_PATH holds no run or a step was not profiled.
 """
@@ -38,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
             f"step {step.step}: {step.path} "
             f"({step.events} events from {len(step.inputs)} files{others})"
         )
+        if step.archive is not None:
+            print(f"  as a Perfetto trace archive: {step.archive}")
         for note in step.notes:
             print(f"  note: {note}")
     return 0
