@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import os
@@ -97,6 +98,11 @@ async def test_actor_killed_mid_window_fails_its_capture_only(
                 assert await actors[0].update_actor.remote() == 512.0
                 assert await actors[1].update_actor.remote() == 512.0
                 ray.kill(actors[1])
+                # ray.kill returns at once: known dead before the step ends, or its end could
+                # still reach it.
+                with pytest.raises(ray.exceptions.RayActorError):
+                    async with asyncio.timeout(60):
+                        await actors[1].update_actor.remote()
     finally:
         for actor in actors:
             ray.kill(actor)
