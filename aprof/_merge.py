@@ -31,10 +31,11 @@ from typing import Any
 
 from aprof._errors import describe
 from aprof._manifest import Manifest, WindowRecord, load_manifest
-from aprof._safe_files import open_folder, read_regular, replace_file
+from aprof._safe_files import open_folder, replace_file
 from aprof._steps import StepSelection
 from aprof._trace_archive import ArchiveFile
 from aprof._trace_archive import write as write_archive
+from aprof._trace_json import read_trace
 
 FOLDER = "merged"
 """Where the merged traces go, below ``save_path`` unless told otherwise."""
@@ -71,13 +72,14 @@ class _Input:
     path: str
     """Relative to ``save_path``."""
     label: str
+    """What the merged trace calls its processes (a server's file: with the part of it)."""
     sort: int
     timeline_process: str | None = None
     """Set for a timeline part: take only the step's events."""
     host: str | None = None
     """The host that wrote it, where the manifest says."""
     server: bool = False
-    """A rollout server's file: its kind (worker, frontend) completes the label."""
+    """A rollout server's file: its part (worker, frontend) completes the label."""
 
 
 @dataclass
@@ -208,19 +210,20 @@ def _document(
             continue
         try:
             source = _inside(root, item.path)
-            data = _load(source, item.path)
-            base = data.get("baseTimeNanoseconds")
-            placed = list(_placed(data, item, step, output))
+            data = read_trace(source, MAX_INPUT_BYTES)
+            events = _events(data)
+            base = _time_base(data, events)
+            label = f"{item.label} · {_server_part(item.path, data)}" if item.server else item.label
+            placed = list(_placed(events, item, label, step, base - output.base_ns, output))
             texts = list(_texts(placed))
-            del data, placed  # the text is all that is left to write
+            del data, events, placed  # the text is all that is left to write
         except Exception as exc:  # a damaged or hostile input costs itself only
             output.notes.append(f"{item.path}: not merged: {_why(exc)}")
             continue
         if not texts:
             continue
         output.merged.append(item.path)
-        file_base = base if isinstance(base, int) and not isinstance(base, bool) else 0
-        output.archived.append(ArchiveFile(item.path, source, file_base, item.host))
+        output.archived.append(ArchiveFile(item.path, source, base, item.host))
         for text, count in texts:
             yield text if first else b"," + text
             first = False
@@ -265,41 +268,33 @@ def _inside(root: Path, path: str) -> Path:
     return real
 
 
-def _load(real: Path, path: str) -> dict[str, Any]:
-    """The JSON object of the trace file ``real`` (``path`` below ``save_path``)."""
-    raw = read_regular(real, MAX_INPUT_BYTES)
-    if path.endswith(".gz"):
-        raw = _gunzip(raw)
-    data = json.loads(raw)
-    if isinstance(data, list):  # the array form of the format
-        data = {"traceEvents": data}
-    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+def _events(data: dict[str, Any]) -> list[dict[str, Any]]:
+    events = data.get("traceEvents")
+    if not isinstance(events, list):
         raise ValueError("no traceEvents list")
-    return data
+    return [e for e in events if isinstance(e, dict)]
 
 
-def _gunzip(raw: bytes) -> bytes:
-    inflate = zlib.decompressobj(wbits=47)  # gzip or zlib header
-    out = inflate.decompress(raw, MAX_INPUT_BYTES + 1)
-    if len(out) > MAX_INPUT_BYTES:
-        raise ValueError(f"more than {MAX_INPUT_BYTES} bytes once decompressed")
-    if not inflate.eof:
-        raise EOFError("truncated: the compressed stream ends early")
-    return out
+def _time_base(data: dict[str, Any], events: list[dict[str, Any]]) -> int:
+    """The wall-clock time in ns that a ``ts`` of 0 in this file stands for."""
+    base = data.get("baseTimeNanoseconds")
+    if isinstance(base, int) and not isinstance(base, bool):
+        return base
+    if _absolute(events):
+        return 0
+    raise ValueError("on no known clock (no baseTimeNanoseconds, ts not since the epoch)")
 
 
 def _placed(
-    data: dict[str, Any], item: _Input, step: int, output: _Output
+    events: list[dict[str, Any]],
+    item: _Input,
+    label: str,
+    step: int,
+    offset_ns: int,
+    output: _Output,
 ) -> Iterator[dict[str, Any]]:
-    """The input's events of ``step`` on the merged clock, with pids of their own."""
-    base = data.get("baseTimeNanoseconds")
-    events = [e for e in data["traceEvents"] if isinstance(e, dict)]
-    if isinstance(base, int) and not isinstance(base, bool):
-        offset_ns = base - output.base_ns
-    elif _absolute(events):
-        offset_ns = -output.base_ns
-    else:
-        raise ValueError("on no known clock (no baseTimeNanoseconds, ts not since the epoch)")
+    """The input's ``events`` of ``step`` moved by ``offset_ns`` onto the merged clock, with
+    pids of their own, its processes named ``label`` first."""
     if item.timeline_process is not None:
         events = _of_step(events, step, output.open_ids.setdefault(item.timeline_process, {}))
     # A timeline's parts are one process: they share its pids and ids.
@@ -334,12 +329,11 @@ def _placed(
                 placed[key] = f"{tag}:{placed[key]}"
         yield placed
     output.pids[scope], output.next_pid = pids, next_pid
-    named = f"{item.label} · {_server_part(item.path, data)}" if item.server else item.label
     for original, pid in new:
-        label = named
+        name = label
         if len(pids) > 1:  # a torch trace's other processes: its devices, say
-            label = f"{label} · {names.get(original) or _pid_name(original)}"
-        yield {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": label}}
+            name = f"{label} · {names.get(original) or _pid_name(original)}"
+        yield {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}}
         yield {
             "ph": "M",
             "name": "process_sort_index",

@@ -20,6 +20,7 @@ import socket
 import stat
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from typing import BinaryIO
 
 TEMP_SUFFIX = ".aprof-tmp"
 """Every temporary file aprof writes ends so."""
@@ -196,20 +197,28 @@ def replace_file(folder: int, name: str, chunks: Iterable[bytes]) -> int:
     A reader sees the old file or the new one, whole. A link at ``name`` is replaced, not
     followed.
     """
+    size = 0
+    with replacing(folder, name) as out:
+        for chunk in chunks:
+            out.write(chunk)
+            size += len(chunk)
+    return size
+
+
+@contextlib.contextmanager
+def replacing(folder: int, name: str) -> Iterator[BinaryIO]:
+    """A new file to write, which replaces ``name`` in ``folder`` atomically once the block
+    ends without an exception (and is removed if it raises), as :func:`replace_file`."""
     tmp = temp_name(name)
     fd = create_exclusive(folder, tmp)
     try:
-        size = 0
         with os.fdopen(fd, "wb", closefd=True) as out:
-            for chunk in chunks:
-                out.write(chunk)
-                size += len(chunk)
+            yield out
         os.rename(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=folder)
         raise
-    return size
 
 
 def write_file(

@@ -8,15 +8,13 @@ time bases; a file written on another host is given that host as its ``machine``
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
-import os
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from aprof._safe_files import create_exclusive, temp_name
+from aprof._safe_files import replacing
 
 MANIFEST = "perfetto_manifest.json"
 
@@ -57,22 +55,14 @@ def write(
 ) -> None:
     """Write ``name`` in ``folder``: the manifest, then each file (one at a time, streamed),
     renamed into place once whole."""
-    tmp = temp_name(name)
-    fd = create_exclusive(folder, tmp)
-    try:
-        with os.fdopen(fd, "wb") as out, tarfile.open(fileobj=out, mode="w") as tar:
-            text = json.dumps(manifest(files, attributes=attributes), indent=1).encode()
-            info = tarfile.TarInfo(MANIFEST)
-            info.size = len(text)
-            tar.addfile(info, io.BytesIO(text))
-            for file in files:
-                with open(file.source, "rb") as source:
-                    member = tar.gettarinfo(fileobj=source, arcname=file.path)
-                    member.uid = member.gid = 0
-                    member.uname = member.gname = ""
-                    tar.addfile(member, source)
-        os.rename(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=folder)
-        raise
+    with replacing(folder, name) as out, tarfile.open(fileobj=out, mode="w") as tar:
+        text = json.dumps(manifest(files, attributes=attributes), indent=1).encode()
+        info = tarfile.TarInfo(MANIFEST)
+        info.size = len(text)
+        tar.addfile(info, io.BytesIO(text))
+        for file in files:
+            with open(file.source, "rb") as source:
+                member = tar.gettarinfo(fileobj=source, arcname=file.path)
+                member.uid = member.gid = 0
+                member.uname = member.gname = ""
+                tar.addfile(member, source)

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import gzip
-import json
 import os
 import re
 import shutil
@@ -24,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from aprof._safe_files import create_exclusive, exists, open_folder
+from aprof._trace_json import read_trace
 
 TRACE_SUFFIXES = (".pt.trace.json.gz", ".pt.trace.json", ".profiler_out.txt")
 """The file names vLLM gives a capture's traces (torch traces and the summary table)."""
@@ -214,14 +213,7 @@ def _trace_events(path: str | os.PathLike[str], limit: int) -> list[Any]:
     """The events of a Chrome trace (``.json`` or ``.json.gz``), reading at most ``limit``
     bytes of JSON. Raises ``ValueError`` for a larger file or one that is not a trace, and
     what reading raises (``OSError``, ``EOFError``, ``zlib.error``)."""
-    opener: Callable[..., Any] = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rb") as f:
-        raw = f.read(limit + 1)
-    if len(raw) > limit:
-        raise ValueError(f"{path}: more than {limit} bytes of trace: not counted")
-    data = json.loads(raw)
-    # Chrome trace JSON is an object holding "traceEvents", or (array form) the events alone.
-    events = data.get("traceEvents", []) if isinstance(data, dict) else data
+    events = read_trace(path, limit).get("traceEvents", [])
     if not isinstance(events, list):
         raise ValueError(f"{path}: not a Chrome trace")
     return events
