@@ -26,6 +26,7 @@ from aprof._errors import CaptureError, ConfigError, describe
 from aprof._logging import configure_logging
 from aprof._manifest import Manifest, ManifestError, RankCapture, WindowRecord, load_manifest
 from aprof._merge import MergedStep, merge
+from aprof._report import RunReport, report
 from aprof._scheduler import Profiler
 from aprof._sharing import RolloutProfiler
 from aprof._steps import StepSelection
@@ -55,6 +56,7 @@ __all__ = [
     "RankCapture",
     "Request",
     "RolloutProfiler",
+    "RunReport",
     "StepSelection",
     "TargetKind",
     "TimeoutsConfig",
@@ -72,6 +74,7 @@ __all__ = [
     "load_manifest",
     "merge",
     "read_config_file",
+    "report",
     "staged",
     "timeline_backend",
     "verl",

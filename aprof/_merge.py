@@ -15,6 +15,8 @@ Each input's processes get pids of their own in the merged file, named for the t
 (``replica_0 · vLLM worker``, ``actor · rank 0``, ``driver``). An input that is missing,
 unreadable, truncated, too large or on no known clock is left out and named in a note; the rest
 is merged. Memory holds one input at a time; the merged file is written as it goes, atomically.
+Where a replica's trace names the requests of its forward steps, flow arrows link each request
+span to them (``_merge_flows``).
 """
 
 from __future__ import annotations
@@ -29,21 +31,20 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from aprof._errors import describe
 from aprof._manifest import Manifest, WindowRecord, load_manifest
+from aprof._merge_flows import Links
 from aprof._safe_files import open_folder, replace_file
 from aprof._steps import StepSelection
 from aprof._trace_archive import ArchiveFile
 from aprof._trace_archive import write as write_archive
-from aprof._trace_json import read_trace
+from aprof._trace_json import read_trace_below, time_base, unreadable
 
 FOLDER = "merged"
 """Where the merged traces go, below ``save_path`` unless told otherwise."""
 MAX_INPUT_BYTES = 2 << 30
 """The largest input taken, compressed or not (the profiler's default ``max_window_bytes``)."""
-_ABSOLUTE_US = 1e15
-"""``ts`` above this many µs (2001 on) are taken as µs since the epoch."""
 _CHUNK = 1 << 20
+_FLOW_PHASES = ("s", "t", "f")  # a tuple: a phase may be any JSON value, a list too
 _DROPPED_METADATA = {"process_name", "process_labels", "process_sort_index"}
 
 
@@ -80,6 +81,9 @@ class _Input:
     """The host that wrote it, where the manifest says."""
     server: bool = False
     """A rollout server's file: its part (worker, frontend) completes the label."""
+    replica: int | None = None
+    """The replica a rollout server's file belongs to, when its target's name says
+    (``replica_<r>``): its forward steps are linked to that replica's requests."""
 
 
 @dataclass
@@ -87,6 +91,8 @@ class _Output:
     base_ns: int
     events: int = 0
     next_pid: int = 1
+    next_flow: int = 1
+    """The next flow id: flows are numbered anew across the merged file."""
     notes: list[str] = field(default_factory=list)
     merged: list[str] = field(default_factory=list)
     others: list[str] = field(default_factory=list)
@@ -99,6 +105,8 @@ class _Output:
     open_ids: dict[str, dict[object, int]] = field(default_factory=dict)
     """Per timeline process: the ids of the step's spans begun and not yet ended, with how
     many of their nested slices are open."""
+    links: Links = field(default_factory=Links)
+    """The step's request spans and forward steps that name them: the flow arrows."""
 
 
 def merge(
@@ -184,7 +192,9 @@ def _window_inputs(window: WindowRecord) -> list[_Input]:
             for c in window.captures
             for f in c.files
         ] or [_Input(f.path, window.target, 3) for f in window.files]
-    return [_Input(f.path, window.target, 2, server=True) for f in window.files]
+    replica = re.fullmatch(r"replica_(\d+)", window.target)
+    number = int(replica.group(1)) if replica else None
+    return [_Input(f.path, window.target, 2, server=True, replica=number) for f in window.files]
 
 
 def _server_part(path: str, data: dict[str, Any]) -> str:
@@ -209,16 +219,17 @@ def _document(
             output.others.append(item.path)
             continue
         try:
-            source = _inside(root, item.path)
-            data = read_trace(source, MAX_INPUT_BYTES)
+            source = root / item.path
+            data = read_trace_below(root, item.path, MAX_INPUT_BYTES)
             events = _events(data)
-            base = _time_base(data, events)
+            base = time_base(data, events)
             label = f"{item.label} · {_server_part(item.path, data)}" if item.server else item.label
             placed = list(_placed(events, item, label, step, base - output.base_ns, output))
             texts = list(_texts(placed))
+            _collect_links(item, placed, output.links)
             del data, events, placed  # the text is all that is left to write
         except Exception as exc:  # a damaged or hostile input costs itself only
-            output.notes.append(f"{item.path}: not merged: {_why(exc)}")
+            output.notes.append(f"{item.path}: not merged: {unreadable(exc)}")
             continue
         if not texts:
             continue
@@ -228,6 +239,10 @@ def _document(
             yield text if first else b"," + text
             first = False
             output.events += count
+    for text, count in _texts(list(output.links.events(output.notes, output.next_flow))):
+        yield text if first else b"," + text
+        first = False
+        output.events += count
     meta = {
         "run_id": manifest.run_id,
         "step": step,
@@ -253,19 +268,17 @@ def _texts(events: list[dict[str, Any]]) -> Iterator[tuple[bytes, int]]:
         yield _ENCODE(batch)[1:-1].encode(), len(batch)
 
 
+def _collect_links(item: _Input, placed: list[dict[str, Any]], links: Links) -> None:
+    """Hand a merged input's placed events to ``links``: a timeline's request spans, a
+    replica's forward steps."""
+    if item.timeline_process is not None:
+        links.see_timeline(placed)
+    elif item.replica is not None:
+        links.see_server(placed, item.replica)
+
+
 def _traceable(path: str) -> bool:
     return path.endswith((".json", ".json.gz"))
-
-
-def _inside(root: Path, path: str) -> Path:
-    """The file ``path`` names below ``root``; ``ValueError`` when it leads out of it."""
-    rel = PurePosixPath(path)
-    if rel.is_absolute() or ".." in rel.parts:
-        raise ValueError("outside save_path")
-    real = (root / rel).resolve()
-    if not real.is_relative_to(root.resolve()):
-        raise ValueError("a link out of save_path")
-    return real
 
 
 def _events(data: dict[str, Any]) -> list[dict[str, Any]]:
@@ -273,16 +286,6 @@ def _events(data: dict[str, Any]) -> list[dict[str, Any]]:
     if not isinstance(events, list):
         raise ValueError("no traceEvents list")
     return [e for e in events if isinstance(e, dict)]
-
-
-def _time_base(data: dict[str, Any], events: list[dict[str, Any]]) -> int:
-    """The wall-clock time in ns that a ``ts`` of 0 in this file stands for."""
-    base = data.get("baseTimeNanoseconds")
-    if isinstance(base, int) and not isinstance(base, bool):
-        return base
-    if _absolute(events):
-        return 0
-    raise ValueError("on no known clock (no baseTimeNanoseconds, ts not since the epoch)")
 
 
 def _placed(
@@ -308,6 +311,7 @@ def _placed(
         if event.get("ph") == "M" and event.get("name") == "process_name":
             names[event.get("pid")] = str((event.get("args") or {}).get("name", ""))
     new: list[tuple[object, int]] = []
+    flows: dict[str, int] = {}  # this input's flow ids, renumbered
     for event in events:
         if event.get("ph") == "M" and event.get("name") in _DROPPED_METADATA:
             continue
@@ -325,7 +329,16 @@ def _placed(
                 continue
             placed["ts"] = round(ts + offset_ns / 1000, 3)
         for key in ("id", "bind_id"):  # flow and async ids are global: keep each input's apart
-            if key in placed:
+            if key not in placed:
+                continue
+            if key == "bind_id" or placed.get("ph") in _FLOW_PHASES:
+                # Perfetto reads a flow id as a number (a string as hex): renumber, not tag.
+                flow_id = str(placed[key])
+                if flow_id not in flows:
+                    flows[flow_id] = output.next_flow
+                    output.next_flow += 1
+                placed[key] = flows[flow_id]
+            else:
                 placed[key] = f"{tag}:{placed[key]}"
         yield placed
     output.pids[scope], output.next_pid = pids, next_pid
@@ -347,11 +360,6 @@ def _pid_name(pid: object) -> str:
     if isinstance(pid, int):
         return f"pid {pid}"
     return str(pid) or "unnamed"  # Kineto names some pseudo-processes by their pid
-
-
-def _absolute(events: list[dict[str, Any]]) -> bool:
-    stamps = [e["ts"] for e in events if isinstance(e.get("ts"), int | float)]
-    return bool(stamps) and min(stamps) > _ABSOLUTE_US
 
 
 def _of_step(
@@ -398,15 +406,3 @@ def _gzip(pieces: Iterable[bytes]) -> Iterator[bytes]:
             yield deflate.compress(b"".join(buffered))
             buffered, size = [], 0
     yield deflate.compress(b"".join(buffered)) + deflate.flush()
-
-
-def _why(exc: BaseException) -> str:
-    if isinstance(exc, FileNotFoundError):
-        return "missing"
-    if isinstance(exc, json.JSONDecodeError):
-        return f"not valid JSON ({exc.msg} at byte {exc.pos}): truncated or damaged"
-    if isinstance(exc, OSError):
-        return exc.strerror or str(exc)
-    if isinstance(exc, ValueError | EOFError):
-        return str(exc)
-    return describe(exc)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from aprof._iterations import SGLANG_STEP, VLLM_ITERATION
 from aprof._safe_files import create_exclusive, exists, open_folder
 from aprof._trace_json import read_trace
 
@@ -29,11 +30,6 @@ TRACE_SUFFIXES = (".pt.trace.json.gz", ".pt.trace.json", ".profiler_out.txt")
 NPU_DIR_SUFFIX = "_ascend_pt"
 """torch_npu (vLLM-Ascend, SGLang-NPU) writes one folder per rank instead of a trace file."""
 
-_ITERATION = re.compile(r"execute_(\d+_)?context_\d+\(")
-"""vLLM's per-engine-step annotation (``execute_context_1(2)_generation_0(0)``; with
-``detailed_trace_annotation`` the scheduled token count comes first)."""
-_SGLANG_STEP = "step["
-"""SGLang's per-forward-pass annotation (``step[EXTEND bs=1 toks=1]``, ``step[DECODE bs=1]``)."""
 _SGLANG_TRACE = re.compile(r"\.trace\.json(\.gz)?$")
 _WORKER_TRACE = re.compile(r"\.pt\.trace\.json(\.gz)?$")
 _MTIME_SLACK_NS = 2_000_000_000  # some file systems keep modification times in 2 s steps
@@ -232,14 +228,14 @@ def _annotations(events: list[Any], matches: Callable[[str], object]) -> int:
 
 def count_vllm_iterations(path: str | os.PathLike[str], *, limit: int = MAX_TRACE_BYTES) -> int:
     """The engine steps a vLLM worker trace holds (its per-iteration annotations)."""
-    return _annotations(_trace_events(path, limit), _ITERATION.match)
+    return _annotations(_trace_events(path, limit), VLLM_ITERATION.match)
 
 
 def count_sglang_steps(path: str | os.PathLike[str], *, limit: int = MAX_TRACE_BYTES) -> int:
     """The forward passes an SGLang trace holds: one ``step[<MODE> bs=N ...]`` annotation
     each (EXTEND, DECODE, MIXED, VERIFY, DRAFT, IDLE), not ``scheduler.run_batch``, which
     also covers the batch that ends the capture."""
-    return _annotations(_trace_events(path, limit), lambda name: name.startswith(_SGLANG_STEP))
+    return _annotations(_trace_events(path, limit), lambda name: name.startswith(SGLANG_STEP))
 
 
 def _largest_count(traces: list[Path], count: Callable[[Path], int]) -> int | None:

@@ -132,6 +132,12 @@ def test_demo_profiles_the_selected_steps(tmp_path: Path) -> None:
             e["args"]["name"] for e in _trace_events(merged) if e.get("name") == "process_name"
         }
         assert {"driver", "replica_0 · frontend", "replica_1 · frontend"} <= names
+    # ... and with the report (aprof report): a line per step, and where its HTML is.
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("  step 1: latency p50 captured ") for line in lines)
+    report = out / "report.html"
+    assert f"report: {report} (all of it in the terminal: aprof report {out} --no-html)" in lines
+    assert report.is_file()
 
 
 def test_demo_fully_async(tmp_path: Path) -> None:
@@ -204,6 +210,9 @@ def test_demo_launches_reference_servers_in_the_sglang_dialect(tmp_path: Path) -
     )
     (rollout,) = [w for w in aprof.load_manifest(out).windows if w.kind == "rollout"]
     assert [Path(f.path).name[-19:] for f in rollout.files] == ["-TP-0.trace.json.gz"]
+    # The report reads the SGLang-dialect traces' iterations.
+    (step,) = aprof.report(out, html=False).steps
+    assert step.iterations["replica_0"].count == rollout.forward_steps.observed == 2
 
 
 def _processes_mentioning(text: str) -> list[int]:

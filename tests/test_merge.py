@@ -26,15 +26,10 @@ SKEW_US = 1000
 """How far a forward step may lie outside every request span to its replica (1 ms)."""
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A demo run, steps 1 and 2 of 3 profiled (two replicas, a trainer)."""
-    out = tmp_path_factory.mktemp("demo")
-    command = [sys.executable, "-m", "aprof", "demo", "--out", str(out)]
-    command += ["--steps", "1,2", "--num-steps", "3"]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return out
+@pytest.fixture
+def demo(demo_run: Path) -> Path:
+    """The shared demo run (read only)."""
+    return demo_run
 
 
 def events_of(path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -117,7 +112,7 @@ def test_a_damaged_input_is_named_and_the_rest_merged(demo: Path, tmp_path: Path
     notes = "\n".join(step.notes)
     assert f"{worker}: not merged: truncated" in notes
     assert f"{frontend}: not merged: missing" in notes
-    assert f"{trainer}: not merged: a link out of save_path" in notes
+    assert f"{trainer}: not merged: a link: not followed below save_path" in notes
     events, doc = events_of(step.path)
     assert doc["aprof"]["notes"] == list(step.notes)
     labels = set(processes(events).values())
@@ -284,3 +279,124 @@ def test_files_from_other_hosts_name_their_machine() -> None:
     assert [e.get("clocks", {}).get("offset_ns") for e in entries] == [None, 2_000, -4_000]
     one_host = manifest(files[:1] + files[2:], attributes={})["perfetto_manifest"]["files"]
     assert all("machine" not in e for e in one_host)
+
+
+def link_events(events: list[dict[str, Any]], phase: str) -> list[dict[str, Any]]:
+    return [e for e in events if e.get("cat") == "aprof.link" and e["ph"] == phase]
+
+
+def requests_named(events: list[dict[str, Any]], step: dict[str, Any]) -> list[str]:
+    """The request ids the ``requests:`` records inside forward step ``step`` name."""
+    from aprof._merge_flows import request_ids
+
+    return [
+        request_id
+        for e in events
+        if e.get("ph") == "X"
+        and str(e.get("name")).startswith("requests: ")
+        and (e["pid"], e["tid"]) == (step["pid"], step["tid"])
+        and step["ts"] <= e["ts"] <= step["ts"] + step["dur"]
+        for request_id in request_ids(e["name"])
+    ]
+
+
+def test_flow_arrows_land_on_forward_steps_that_list_the_request(
+    demo: Path, tmp_path: Path
+) -> None:
+    for merged in merge(demo, out=tmp_path):
+        events, _ = events_of(merged.path)
+        names = processes(events)
+        spans: dict[tuple[int, str], tuple[int, float, float]] = {}  # (pid, id) -> replica, span
+        begun: dict[str, dict[str, Any]] = {}
+        for e in events:
+            if e.get("cat") == "request" and e["ph"] == "b":
+                begun[e["id2"]["local"]] = e
+            elif e.get("cat") == "request" and e["ph"] == "e":
+                b = begun.pop(e["id2"]["local"])
+                spans[(b["pid"], b["args"]["request_id"])] = (
+                    b["args"]["replica"],
+                    b["ts"],
+                    e["ts"],
+                )
+        lanes = {(e["pid"], e["tid"], e["ts"]): e for e in link_events(events, "X")}
+        thread_starts = Counter((e["pid"], e["tid"], e["ts"]) for e in events if e.get("ph") == "X")
+        forward = {
+            (e["pid"], e["tid"], e["ts"]): e
+            for e in events
+            if e.get("ph") == "X" and str(e.get("name")).startswith("forward_step#")
+        }
+        starts = {e["id"]: e for e in link_events(events, "s")}
+        ends = {e["id"]: e for e in link_events(events, "f")}
+        assert starts and set(starts) == set(ends)  # each arrow has its two ends
+        assert len(set(starts)) == len(link_events(events, "s"))  # ids unique
+        other_flows = {
+            e["id"] for e in events if e.get("ph") in "stf" and e.get("cat") != "aprof.link"
+        }
+        assert not other_flows & set(starts)
+        arrows: Counter[tuple[int, str]] = Counter()
+        for number, start in starts.items():
+            # Its start: the only slice of its lane there, a copy of one request span.
+            where = (start["pid"], start["tid"], start["ts"])
+            lane = lanes[where]
+            assert thread_starts[where] == 1
+            request_id, replica = lane["args"]["request_id"], lane["args"]["replica"]
+            assert names[start["pid"]] == "driver"
+            span_replica, begin, end = spans[(start["pid"], request_id)]
+            assert (span_replica, begin) == (replica, lane["ts"])
+            assert lane["ts"] + lane["dur"] == pytest.approx(end, abs=0.01)
+            # Its end: the begin of a forward step of that replica's worker, the innermost
+            # slice there, whose record names the request.
+            end_event = ends[number]
+            assert end_event["bp"] == "e"
+            at = (end_event["pid"], end_event["tid"], end_event["ts"])
+            step = forward[at]
+            assert thread_starts[at] == 1
+            assert names[end_event["pid"]].startswith(f"replica_{replica} · vLLM worker")
+            assert request_id in requests_named(events, step)
+            arrows[(replica, request_id)] += 1
+        # Every request the captured forward steps served gets an arrow per forward step.
+        served: Counter[tuple[int, str]] = Counter()
+        for step in forward.values():
+            replica = int(names[step["pid"]].split(" ")[0].removeprefix("replica_"))
+            named = set(requests_named(events, step))
+            assert named  # each captured forward step served requests of this step
+            for request_id in named:
+                served[(replica, request_id)] += 1
+        assert arrows == served
+        assert {r for r, _ in served} == {0, 1}
+        assert not [n for n in merged.notes if n.startswith("links")]
+
+
+def test_traces_that_name_no_requests_get_no_arrows(demo: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(demo, run)
+    manifest = aprof.load_manifest(run)
+    for path in (f.path for w in manifest.windows if w.kind == "rollout" for f in w.files):
+        if path.endswith(".json.gz"):  # as real vLLM writes it: no requests: records
+            with gzip.open(run / path, "rt") as f:
+                doc = json.load(f)
+            doc["traceEvents"] = [
+                e for e in doc["traceEvents"] if not str(e.get("name")).startswith("requests: ")
+            ]
+            with gzip.open(run / path, "wt") as f:
+                json.dump(doc, f)
+    (step,) = merge(run, steps=[1], out=tmp_path / "out")
+    events, _ = events_of(step.path)
+    assert not [e for e in events if e.get("cat") == "aprof.link"]
+    assert step.notes == ()
+
+
+def test_arrows_beyond_the_bound_are_left_out_with_a_note(
+    demo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import aprof._merge_flows
+
+    monkeypatch.setattr(aprof._merge_flows, "MAX_FLOWS", 5)
+    (step,) = merge(demo, steps=[1], out=tmp_path)
+    events, doc = events_of(step.path)
+    assert len(link_events(events, "s")) == len(link_events(events, "f")) == 5
+    (note,) = step.notes
+    assert note.startswith("links: ") and note.endswith(
+        "arrows from requests to forward steps found, the first 5 drawn"
+    )
+    assert doc["aprof"]["notes"] == [note]

@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, str] = {
     "launch-args": "print the env and args that launch a server ready for profiling",
     "merge": "merge each profiled step's timelines and traces into one trace on one clock",
     "npu-analyse": "parse raw *_ascend_pt captures (analysis: false) into readable results",
+    "report": "what a run captured, step by step, problems first (and report.html)",
     "serve-reference": "run the embedded reference inference server (vLLM or SGLang dialect)",
     "validate": "check a config file and print the resolved config",
 }

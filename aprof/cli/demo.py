@@ -45,9 +45,12 @@ from aprof import (
     ProfilerConfig,
     WorkerGroup,
     configure_logging,
+    describe,
     load_config,
     merge,
+    report,
 )
+from aprof._report_text import summary
 from aprof.cli._demo_trainer import TrainerProcess
 from servers import LaunchError, SGLangServer, VLLMServer, launch, launch_spec
 from servers.process import free_port
@@ -129,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     _print_table(manifest, config.global_profiler.save_path)
     _print_merged(config.global_profiler.save_path)
+    _print_report(config.global_profiler.save_path)
     servers = "replica_<r>.log: the servers; " if args.server[0] == "reference" else ""
     print(f"logs: {logs} ({servers}{TRAINER_LOG}: the trainer, with torch's own lines)")
     return 0
@@ -341,6 +345,18 @@ def _print_merged(out: Path) -> None:
         "open the merged steps, the timeline and any trace file (*.trace.json.gz) in "
         "https://ui.perfetto.dev"
     )
+
+
+def _print_report(out: Path) -> None:
+    """A few lines of ``aprof report`` (latency, gated wait, iteration times per step) and
+    where its HTML is; the demo's run is done and kept whatever the report meets."""
+    try:
+        made = report(out)
+    except Exception as exc:  # a report that cannot be made costs itself only
+        print(f"report: none ({describe(exc)})")
+        return
+    print(f"report: {made.html} (all of it in the terminal: aprof report {out} --no-html)")
+    sys.stdout.write(summary(made))
 
 
 def _size(n: int) -> str:

@@ -1,5 +1,9 @@
 """Text generation routes: OpenAI ``/v1/completions`` and ``/v1/models`` (both dialects) and
-SGLang's native ``/generate`` (SGLang dialect)."""
+SGLang's native ``/generate`` (SGLang dialect).
+
+Each route passes the client's request id (the ``X-Request-Id`` header, which vLLM honours too;
+on ``/generate`` a string ``rid`` in the body first, SGLang's own field) to the engine, which
+names it in the forward steps that serve the request while a profiler records."""
 
 from __future__ import annotations
 
@@ -20,6 +24,8 @@ from servers.reference.tokenizer import MAX_MODEL_LEN, decode
 
 _DEFAULT_MAX_TOKENS = 16  # vLLM's /v1/completions default
 _DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's sampling_params default
+REQUEST_ID_HEADER = "X-Request-Id"
+"""The client's request id, named in the forward steps that serve the request."""
 
 
 class _BadRequest(Exception):
@@ -66,7 +72,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         if not isinstance(options, dict):
             raise _BadRequest("stream_options must be an object")
         include_usage = bool(options.get("include_usage", False))
-        seqs = _submit(state, prompts, max_tokens)
+        seqs = _submit(state, prompts, max_tokens, request.headers.get(REQUEST_ID_HEADER))
     except (_BadRequest, BadPrompt) as exc:
         return openai_error(400, str(exc), "BadRequestError")
     head = {
@@ -115,7 +121,9 @@ async def generate(request: web.Request) -> web.StreamResponse:
             params.get("max_new_tokens"), "max_new_tokens", _DEFAULT_MAX_NEW_TOKENS
         )
         stream = bool(body.get("stream", False))
-        seqs = _submit(state, prompts, max_new)
+        rid = body.get("rid")
+        client_id = rid if isinstance(rid, str) else request.headers.get(REQUEST_ID_HEADER)
+        seqs = _submit(state, prompts, max_new, client_id)
     except (_BadRequest, BadPrompt) as exc:
         return web.json_response(
             {"object": "error", "message": str(exc), "type": "BadRequestError", "code": 400},
@@ -157,7 +165,9 @@ def _positive_int(value: object, field: str, default: int) -> int:
     return value
 
 
-def _submit(state: ServerState, prompts: list[list[int]], max_tokens: int) -> list[Sequence]:
+def _submit(
+    state: ServerState, prompts: list[list[int]], max_tokens: int, client_id: str | None
+) -> list[Sequence]:
     for ids in prompts:
         if len(ids) + max_tokens > MAX_MODEL_LEN:
             raise _BadRequest(
@@ -166,7 +176,7 @@ def _submit(state: ServerState, prompts: list[list[int]], max_tokens: int) -> li
                 f"{max_tokens} in the completion). Please reduce the length of the messages "
                 "or completion."
             )
-    return [state.engine.submit(ids, max_tokens) for ids in prompts]
+    return [state.engine.submit(ids, max_tokens, client_id) for ids in prompts]
 
 
 async def _until_finished(seqs: list[Sequence]) -> None:

@@ -4,6 +4,9 @@ The forward passes, and every profiler action, run on one dedicated engine threa
 event loop stays responsive and a capture records exactly the iterations it spans. One
 iteration is one batched forward over the scheduled sequences; the forward-step counter
 rises by one per iteration, and each forward is wrapped in a ``forward_step#<k>`` record.
+While a profiler records, that record holds a ``requests: <id>,<id>,...`` record naming the
+client request ids (``X-Request-Id``) of the sequences in the batch, so a merge can link each
+request to the forward steps that served it.
 """
 
 from __future__ import annotations
@@ -27,6 +30,12 @@ if TYPE_CHECKING:
 logger = structlog.get_logger("servers.reference")
 
 T = TypeVar("T")
+MAX_CLIENT_ID = 128
+"""The longest client request id a forward step names; a longer one is not named."""
+MAX_NAMED_IDS = 64
+"""Client ids named per forward step; the rest are counted (``(+N more)``)."""
+REQUESTS_RECORD = "requests: "
+"""How the record naming a forward step's client request ids begins."""
 StepKind = Literal["prefill", "decode", "mixed"]
 
 
@@ -69,6 +78,8 @@ class Sequence:
     aborted: bool = False
     cache: Any = None
     """The model's key/value cache of this sequence; touched on the engine thread only."""
+    client_id: str | None = None
+    """The client's id of the request this sequence belongs to (``X-Request-Id``), if usable."""
     _queue: asyncio.Queue[int | None] = field(default_factory=asyncio.Queue)
 
     @property
@@ -164,9 +175,17 @@ class Engine:
         self._running.clear()
         await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown)
 
-    def submit(self, prompt: list[int], max_tokens: int) -> Sequence:
-        """Queue one prompt; it joins the running batch at the next iteration."""
-        seq = Sequence(id=f"seq-{next(self._ids)}", prompt=prompt, max_tokens=max_tokens)
+    def submit(self, prompt: list[int], max_tokens: int, client_id: str | None = None) -> Sequence:
+        """Queue one prompt; it joins the running batch at the next iteration.
+
+        ``client_id`` (the client's request id) is named in the forward steps that serve the
+        sequence when :func:`usable_client_id` accepts it."""
+        seq = Sequence(
+            id=f"seq-{next(self._ids)}",
+            prompt=prompt,
+            max_tokens=max_tokens,
+            client_id=usable_client_id(client_id),
+        )
         self._waiting.append(seq)
         self._wakeup.set()
         return seq
@@ -253,12 +272,45 @@ class Engine:
                 # As in the real engines, a profiler failure is logged, never fatal to serving.
                 logger.exception("profiler step hook failed", step=info.number)
         assert self._model is not None
-        with torch.profiler.record_function(f"forward_step#{info.number}"):
-            label = self._annotate(info) if self._annotate else None
-            with torch.profiler.record_function(label) if label else contextlib.nullcontext():
-                # A new sequence feeds its prompt, a running one its last token.
-                inputs = [(seq.output[-1:] or seq.prompt, seq.cache) for seq in batch]
-                results = self._model.step(inputs)
+        with (
+            torch.profiler.record_function(f"forward_step#{info.number}"),
+            _record(torch, _requests_record(torch, batch)),
+            _record(torch, self._annotate(info) if self._annotate else None),
+        ):
+            # A new sequence feeds its prompt, a running one its last token.
+            inputs = [(seq.output[-1:] or seq.prompt, seq.cache) for seq in batch]
+            results = self._model.step(inputs)
         for seq, (_, cache) in zip(batch, results, strict=True):
             seq.cache = cache
         return [token for token, _ in results]
+
+
+def usable_client_id(value: object) -> str | None:
+    """``value`` if a forward step can name it, else None: 1 to ``MAX_CLIENT_ID`` printable
+    ASCII characters other than space, ``"``, ``\\`` and ``,``.
+
+    Kineto writes a record's name into its JSON unescaped (a quote would break the whole trace
+    file, a backslash becomes ``/``, other characters ``unknown``), and ``,`` separates ids."""
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_CLIENT_ID:
+        return None
+    if all("!" <= c <= "~" and c not in '"\\,' for c in value):
+        return value
+    return None
+
+
+def _requests_record(torch: Any, batch: list[Sequence]) -> str | None:
+    """``requests: a,b (+N more)`` for the batch's client ids, or None when no profiler
+    records (the name is built each iteration: not for nothing) or no sequence has one."""
+    if not getattr(torch.autograd.profiler, "_is_profiler_enabled", True):
+        return None
+    ids = list(dict.fromkeys(seq.client_id for seq in batch if seq.client_id))  # a request's
+    if not ids:  # prompts share its id: named once
+        return None
+    more = len(ids) - MAX_NAMED_IDS
+    named = REQUESTS_RECORD + ",".join(ids[:MAX_NAMED_IDS])
+    return named + f" (+{more} more)" if more > 0 else named
+
+
+def _record(torch: Any, name: str | None) -> contextlib.AbstractContextManager[object]:
+    """A ``record_function`` named ``name``, or nothing without a name."""
+    return torch.profiler.record_function(name) if name else contextlib.nullcontext()

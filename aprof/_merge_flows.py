@@ -1,0 +1,235 @@
+"""Links in a merged step: flow arrows from each request span to the forward steps that served it.
+
+A forward step names the requests of its batch only where the server says so: the reference
+server records, inside ``forward_step#<k>``, a ``requests: <id>,<id>,... (+N more)`` record of
+the client request ids (``X-Request-Id``) of its batch. Real vLLM and SGLang name none, so their
+forward steps get no arrows.
+
+How the arrows are drawn follows Perfetto's JSON importer
+(``src/trace_processor/importers/json/json_trace_parser.cc``, ``FlowTracker``): a flow
+v1 ``s`` event binds to the innermost *thread* slice open at its ``ts``, never to an async
+slice, and an ``f`` event with ``bp: "e"`` to the innermost thread slice open at its ``ts``.
+Flow v2 (``bind_id``) can leave an async slice, but a slice carries one ``bind_id``, and a
+forward step serves many requests. So each linked request gets a thread slice of its own on
+a "requests of replica_<r> → forward steps" track of the process its span is in, laid out on
+as many lanes (threads) as such requests overlap, and each arrow is an ``s`` on that slice and
+an ``f`` at the forward step's begin. Events of equal ``ts`` are read in file order, so the
+link events come after everything they bind to.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+REQUESTS_RECORD = "requests: "
+"""How the reference server's record of a forward step's request ids begins."""
+MAX_FLOWS = 200_000
+"""Arrows drawn per merged step at most (each is two events); a note says when more were found."""
+LANE_TID = 1 << 30
+"""The first thread id of the request lanes: above any operating system's thread ids."""
+CATEGORY = "aprof.link"
+_FLOW = "served by"
+
+
+@dataclass(frozen=True)
+class RequestSpan:
+    """One request span of the step, as placed in the merged trace."""
+
+    request_id: str
+    replica: int
+    pid: int
+    begin: float
+    end: float
+
+
+@dataclass(frozen=True)
+class ForwardStep:
+    """One ``forward_step#<k>`` slice of a replica's trace that names its requests."""
+
+    replica: int
+    pid: object
+    tid: object
+    ts: float
+    ids: tuple[str, ...]
+
+
+@dataclass
+class Links:
+    """Collects a merged step's request spans and forward steps; then draws the arrows."""
+
+    spans: dict[tuple[int, str], list[RequestSpan]] = field(default_factory=dict)
+    steps: list[ForwardStep] = field(default_factory=list)
+    _open: dict[tuple[object, ...], dict[str, Any]] = field(default_factory=dict)
+
+    def see_timeline(self, events: Iterable[dict[str, Any]]) -> None:
+        """Take the request spans of a timeline's placed events (a span may end in a later
+        part of the same timeline)."""
+        for event in events:
+            phase = event.get("ph")
+            if event.get("cat") != "request" or phase not in ("b", "e"):
+                continue
+            key = (event.get("pid"), str(event.get("id2")), str(event.get("id")))
+            if phase == "b":
+                self._open[key] = event
+                continue
+            begun = self._open.pop(key, None)
+            span = _span(begun, event) if begun is not None else None
+            if span is not None:
+                self.spans.setdefault((span.replica, span.request_id), []).append(span)
+
+    def see_server(self, events: list[dict[str, Any]], replica: int) -> None:
+        """Take the forward steps of a replica's placed trace that name their requests."""
+        by_thread: dict[tuple[object, str], list[tuple[float, float, int]]] = defaultdict(list)
+        named: dict[int, list[str]] = {}
+        forward = [e for e in events if _slice(e, "forward_step#")]
+        for index, event in enumerate(forward):
+            by_thread[_thread(event)].append((event["ts"], event["ts"] + event["dur"], index))
+        for slices in by_thread.values():
+            slices.sort()
+        for event in events:
+            if not _slice(event, REQUESTS_RECORD):
+                continue
+            thread = by_thread.get(_thread(event), [])
+            holder = _enclosing(thread, event["ts"])
+            if holder is not None:
+                named.setdefault(holder, []).extend(request_ids(event["name"]))
+        for index, ids in named.items():
+            step = forward[index]
+            self.steps.append(
+                ForwardStep(replica, step.get("pid"), step.get("tid"), step["ts"], tuple(ids))
+            )
+
+    def events(self, notes: list[str], first_id: int) -> Iterator[dict[str, Any]]:
+        """The lanes and arrows, at most ``MAX_FLOWS``, their flow ids from ``first_id`` on
+        (the merged file's others lie below); a note in ``notes`` when more were found."""
+        pairs = list(self._pairs())
+        if len(pairs) > MAX_FLOWS:
+            notes.append(
+                f"links: {len(pairs)} arrows from requests to forward steps found, "
+                f"the first {MAX_FLOWS} drawn"
+            )
+            pairs = pairs[:MAX_FLOWS]
+        served: dict[RequestSpan, list[ForwardStep]] = {}
+        for span, step in pairs:
+            served.setdefault(span, []).append(step)
+        lanes = _lanes(served)
+        yield from _lane_metadata(lanes)
+        for span, tid in lanes.items():
+            yield {
+                "ph": "X",
+                "cat": CATEGORY,
+                "name": f"request {span.request_id}",
+                "pid": span.pid,
+                "tid": tid,
+                "ts": span.begin,
+                "dur": round(span.end - span.begin, 3),
+                "args": {
+                    "request_id": span.request_id,
+                    "replica": span.replica,
+                    "forward_steps": len(served[span]),
+                },
+            }
+        for number, (span, step) in enumerate(pairs, start=first_id):
+            flow = {"cat": CATEGORY, "name": _FLOW, "id": number}
+            yield {**flow, "ph": "s", "pid": span.pid, "tid": lanes[span], "ts": span.begin}
+            yield {**flow, "ph": "f", "bp": "e", "pid": step.pid, "tid": step.tid, "ts": step.ts}
+
+    def _pairs(self) -> Iterator[tuple[RequestSpan, ForwardStep]]:
+        """Each (request span, forward step naming it) of one replica, by forward step time."""
+        for step in sorted(self.steps, key=lambda s: (s.ts, s.replica)):
+            for request_id in dict.fromkeys(step.ids):
+                spans = self.spans.get((step.replica, request_id))
+                if spans:
+                    # An id used twice: the span that covers the step, else the nearest.
+                    yield min(spans, key=lambda s: max(s.begin - step.ts, step.ts - s.end, 0)), step
+
+
+def request_ids(name: str) -> list[str]:
+    """The ids a ``requests: a,b (+N more)`` record names."""
+    listed = name[len(REQUESTS_RECORD) :].split(" ", 1)[0]
+    return [request_id for request_id in listed.split(",") if request_id]
+
+
+def _span(begin: dict[str, Any], end: dict[str, Any]) -> RequestSpan | None:
+    args = begin.get("args")
+    if not isinstance(args, dict):
+        return None
+    request_id, replica = args.get("request_id"), args.get("replica")
+    if not isinstance(request_id, str) or not isinstance(replica, int):
+        return None
+    b, e = begin.get("ts"), end.get("ts")
+    if not isinstance(b, int | float) or not isinstance(e, int | float) or e < b:
+        return None
+    pid = begin.get("pid")
+    if not isinstance(pid, int):
+        return None
+    return RequestSpan(request_id, replica, pid, b, e)
+
+
+def _slice(event: dict[str, Any], prefix: str) -> bool:
+    """A complete slice (placed: its ``ts`` is a number) whose name begins with ``prefix``."""
+    name, dur = event.get("name"), event.get("dur")
+    return (
+        event.get("ph") == "X"
+        and isinstance(name, str)
+        and name.startswith(prefix)
+        and isinstance(event.get("ts"), int | float)
+        and isinstance(dur, int | float)
+        and not isinstance(dur, bool)
+    )
+
+
+def _thread(event: dict[str, Any]) -> tuple[object, str]:
+    """The thread an event is on, as a key (a hostile trace's ``tid`` may be a list)."""
+    return event.get("pid"), str(event.get("tid"))
+
+
+def _enclosing(slices: list[tuple[float, float, int]], ts: float) -> int | None:
+    """The index of the slice of ``slices`` (sorted, not overlapping) that holds ``ts``."""
+    at = bisect.bisect_right(slices, (ts, float("inf"), 0)) - 1
+    if at >= 0 and slices[at][0] <= ts <= slices[at][1]:
+        return slices[at][2]
+    return None
+
+
+def _lanes(served: dict[RequestSpan, list[ForwardStep]]) -> dict[RequestSpan, int]:
+    """A thread id per linked request: per process and replica, as few lanes as overlapping
+    requests need (a thread's slices must nest, and requests overlap without nesting)."""
+    lanes: dict[RequestSpan, int] = {}
+    groups: dict[tuple[int, int], list[RequestSpan]] = defaultdict(list)
+    for span in served:
+        groups[(span.pid, span.replica)].append(span)
+    used: dict[int, int] = defaultdict(int)  # lanes per process so far
+    for (pid, _), spans in sorted(groups.items()):
+        free: list[tuple[float, int]] = []  # (when the lane is free, its tid)
+        for span in sorted(spans, key=lambda s: (s.begin, s.end)):
+            if free and free[0][0] < span.begin:
+                _, tid = heapq.heappop(free)
+            else:
+                tid = LANE_TID + used[pid]
+                used[pid] += 1
+            lanes[span] = tid
+            heapq.heappush(free, (span.end, tid))
+    return lanes
+
+
+def _lane_metadata(lanes: dict[RequestSpan, int]) -> Iterator[dict[str, Any]]:
+    """Each lane's name and place (after the process's own threads)."""
+    named: dict[tuple[int, int], int] = {}
+    for span, tid in lanes.items():
+        named[(span.pid, tid)] = span.replica
+    for (pid, tid), replica in sorted(named.items()):
+        name = f"requests of replica_{replica} → forward steps"
+        yield {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}}
+        yield {
+            "ph": "M",
+            "name": "thread_sort_index",
+            "pid": pid,
+            "tid": tid,
+            "args": {"sort_index": tid},
+        }
