@@ -26,7 +26,8 @@ from aprof._errors import CaptureError, ConfigError, describe
 from aprof._logging import configure_logging
 from aprof._manifest import Manifest, ManifestError, RankCapture, WindowRecord, load_manifest
 from aprof._merge import MergedStep, merge
-from aprof._report import RunReport, report
+from aprof._report import report
+from aprof._report_model import RunReport
 from aprof._scheduler import Profiler
 from aprof._sharing import RolloutProfiler
 from aprof._steps import StepSelection

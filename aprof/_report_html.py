@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 
 from aprof._safe_files import open_folder, replace_file
 
-if TYPE_CHECKING:  # the data model only as types: aprof._report imports this module to write
+if TYPE_CHECKING:  # the data model only as types
     import plotly.graph_objects as go
 
-    from aprof._report import Distribution, Interval, Row, RunReport, StepReport, WindowRow
+    from aprof._report_model import Distribution, Interval, Row, RunReport, StepReport, WindowRow
 
 FILE_NAME = "report.html"
 _STATE_COLOURS = {
@@ -517,7 +517,7 @@ def step_on_one_clock(step: StepReport) -> tuple[go.Figure | str, list[str]]:
     if left_out:
         lines.append(
             f"{left_out} more not drawn: a step keeps its earliest requests, forward steps "
-            "and ranges only (aprof._report.TIMELINE_ITEMS)"
+            "and ranges only (aprof._report_clock.TIMELINE_ITEMS)"
         )
     fig = _figure()
     for (legend, colour, width), drawn in bars.items():

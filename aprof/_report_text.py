@@ -1,4 +1,4 @@
-"""``aprof report`` in the terminal: a :class:`~aprof._report.RunReport` as plain text.
+"""``aprof report`` in the terminal: a :class:`~aprof._report_model.RunReport` as plain text.
 
 Every problem first (the run's, then each step's), then per profiled step its windows, request
 latency (captured vs uncaptured), gated wait, server iteration and trainer stage durations, then
@@ -11,7 +11,7 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Iterable
 
-from aprof._report import Distribution, RunReport, StepReport, WindowRow
+from aprof._report_model import Distribution, RunReport, StepReport, WindowRow
 
 WIDTH = 100
 """The most columns a line takes."""

@@ -89,7 +89,9 @@ def request_spans(
     return spans
 
 
-def test_a_damaged_input_is_named_and_the_rest_merged(demo: Path, tmp_path: Path) -> None:
+def test_a_failed_window_and_damaged_inputs_are_named_and_the_rest_merged(
+    demo: Path, tmp_path: Path
+) -> None:
     run = tmp_path / "run"
     shutil.copytree(demo, run)
     manifest = aprof.load_manifest(run)
@@ -107,6 +109,14 @@ def test_a_damaged_input_is_named_and_the_rest_merged(demo: Path, tmp_path: Path
     )
     (run / trainer).unlink()
     (run / trainer).symlink_to(outside)
+    # replica_1's window failed, as the profiler records a server that died mid-window: what
+    # could still be found of its traces is listed and is merged.
+    step_file = run / "manifest" / "step_1.json"
+    record = json.loads(step_file.read_text())
+    for window in record["windows"]:
+        if window["target"] == "replica_1":
+            window.update(state="failed", stop_reason="error", error="the server died")
+    step_file.write_text(json.dumps(record))
 
     (step,) = merge(run, steps=[1])
     notes = "\n".join(step.notes)

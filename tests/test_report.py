@@ -16,8 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import aprof
-from aprof import _report
-from aprof._report import SAMPLE, _Reservoir, collect, distribution
+from aprof import _report_clock
+from aprof._report import collect
+from aprof._report_model import SAMPLE, Interval, StepReport, distribution
+from aprof._report_requests import _Reservoir
 from aprof._report_text import WIDTH, render
 
 pytest.importorskip("torch")  # the demo's servers and trainer run torch
@@ -427,7 +429,7 @@ def test_each_step_on_one_clock_has_its_windows_requests_forward_steps_and_ranks
 def test_a_step_on_one_clock_keeps_its_earliest_items(
     demo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def capped(step: _report.StepReport) -> list[tuple[int, str, _report.Interval]]:
+    def capped(step: StepReport) -> list[tuple[int, str, Interval]]:
         """The step's requests, forward steps and ranges, earliest first."""
         items = [
             (item.begin_ns, row.name, item)
@@ -438,7 +440,7 @@ def test_a_step_on_one_clock_keeps_its_earliest_items(
         return sorted(items, key=lambda found: found[0])
 
     whole = collect(demo)
-    monkeypatch.setattr(_report, "TIMELINE_ITEMS", 3)
+    monkeypatch.setattr(_report_clock, "TIMELINE_ITEMS", 3)
     cut = collect(demo)
     for full, three in zip(whole.steps, cut.steps, strict=True):
         every = capped(full)

@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 from aprof import _report
-from aprof._report import Distribution, Interval, Row, RunReport, StepReport, WindowRow
 from aprof._report_html import (
     FILE_NAME,
     MAX_LANES,
@@ -31,6 +30,7 @@ from aprof._report_html import (
     step_plot_id,
     write,
 )
+from aprof._report_model import Distribution, Interval, Row, RunReport, StepReport, WindowRow
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else shutil.which("chromium")
@@ -306,7 +306,7 @@ def test_a_step_on_one_clock_folds_deep_overlaps_and_says_what_it_left_out() -> 
         f"requests → replica_9: 20 requests overlap 20 deep; lanes {MAX_LANES}-20 drawn in "
         f"lane {MAX_LANES}, overlapping",
         "7 more not drawn: a step keeps its earliest requests, forward steps and ranges only "
-        "(aprof._report.TIMELINE_ITEMS)",
+        "(aprof._report_clock.TIMELINE_ITEMS)",
     ]
     page = render(replace(realistic(), steps=(replace(step, timeline=rows),)))
     assert "7 more not drawn" in page and "overlap 20 deep" in page
