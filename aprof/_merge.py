@@ -37,7 +37,7 @@ from aprof._safe_files import open_folder, replace_file
 from aprof._steps import StepSelection
 from aprof._trace_archive import ArchiveFile
 from aprof._trace_archive import write as write_archive
-from aprof._trace_json import read_trace_below, time_base, unreadable
+from aprof._trace_json import is_trace_json, read_trace_below, time_base, unreadable
 
 FOLDER = "merged"
 """Where the merged traces go, below ``save_path`` unless told otherwise."""
@@ -215,7 +215,7 @@ def _document(
     yield b'{"displayTimeUnit":"ms","baseTimeNanoseconds":%d,"traceEvents":[' % output.base_ns
     first = True
     for item in inputs:
-        if not _traceable(item.path):
+        if not is_trace_json(item.path):
             output.others.append(item.path)
             continue
         try:
@@ -275,10 +275,6 @@ def _collect_links(item: _Input, placed: list[dict[str, Any]], links: Links) -> 
         links.see_timeline(placed)
     elif item.replica is not None:
         links.see_server(placed, item.replica)
-
-
-def _traceable(path: str) -> bool:
-    return path.endswith((".json", ".json.gz"))
 
 
 def _events(data: dict[str, Any]) -> list[dict[str, Any]]:

@@ -18,15 +18,11 @@ from aprof._iterations import Dialect, iteration_dialect
 from aprof._manifest import Manifest, WindowRecord
 from aprof._report_clock import US, interval, number
 from aprof._report_model import Interval
-from aprof._trace_json import read_trace_below, time_base, unreadable
+from aprof._trace_json import is_trace_json, read_trace_below, time_base, unreadable
 
 MAX_INPUT_BYTES = 2 << 30
 """The largest input read, compressed or not (as ``aprof merge``)."""
 _T = TypeVar("_T")
-
-
-def _traceable(path: str) -> bool:
-    return path.endswith((".json", ".json.gz"))
 
 
 def role_files(window: WindowRecord) -> list[tuple[int | None, str]]:
@@ -37,7 +33,7 @@ def role_files(window: WindowRecord) -> list[tuple[int | None, str]]:
             paths.setdefault(f.path, capture.rank)
     if not paths:
         paths = dict.fromkeys(f.path for f in window.files)
-    return [(rank, path) for path, rank in paths.items() if _traceable(path)]
+    return [(rank, path) for path, rank in paths.items() if is_trace_json(path)]
 
 
 def read_or_note(
@@ -75,7 +71,7 @@ def iterations(root: Path, window: WindowRecord, problems: list[tuple[int, str]]
     holds any."""
     best: _Found | None = None
     for path in (f.path for f in window.files):
-        if not _traceable(path):
+        if not is_trace_json(path):
             continue
         found = read_or_note(root, path, problems, _iteration_durations)
         count = 0 if found is None else len(found.durations)

@@ -25,6 +25,11 @@ from aprof._safe_files import (
 )
 
 
+def is_trace_json(path: str) -> bool:
+    """Whether ``path`` names a Chrome trace JSON file (``.json`` or ``.json.gz``)."""
+    return path.endswith((".json", ".json.gz"))
+
+
 def read_trace(path: str | os.PathLike[str], limit: int) -> dict[str, Any]:
     """The JSON object of the trace in the regular file ``path`` (the array form as
     ``{"traceEvents": [...]}``), which may hold at most ``limit`` bytes of JSON.
