@@ -32,14 +32,15 @@ CPU (found by importing them in a venv with verl installed without its dependenc
 def tests(session: nox.Session) -> None:
     """The test suite (the README's test command runs the same pytest)."""
     session.install(TORCH, "-e", ".[test]")
-    session.run("python", "-m", "pytest", *session.posargs)
+    session.run("python", "-m", "pytest", "--hypothesis-profile=explore", *session.posargs)
 
 
 @nox.session(python="3.11", default=False)
 def faults(session: nox.Session) -> None:
     """The fault-injection suite alone (it also runs within `tests`), with its tally table."""
     session.install(TORCH, "-e", ".[test]")
-    session.run("python", "-m", "pytest", "-m", "faults", "tests/faults", *session.posargs)
+    args = ("--hypothesis-profile=explore", "-m", "faults", "tests/faults")
+    session.run("python", "-m", "pytest", *args, *session.posargs)
 
 
 @nox.session(python="3.11")

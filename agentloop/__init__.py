@@ -4,10 +4,10 @@ The front door: every public name is defined in a private module named for what 
 """
 
 from agentloop._balancer import ReplicaBalancer
-from agentloop._calculator import CalculatorError, calculator, evaluate
+from agentloop._calculator import calculator, evaluate
 from agentloop._client import Completion, LLMClient
 from agentloop._dialects import Api
-from agentloop._errors import FailureKind, LLMError
+from agentloop._errors import CalculatorError, FailureKind, LLMError, PromptError
 from agentloop._loop import AgentLoop, SingleTurnLoop, ToolAgentLoop
 from agentloop._parsers import HermesParser, ScriptedToolCalls, ToolCallParser
 from agentloop._runner import AgentLoopRunner, RolloutStream
@@ -26,6 +26,7 @@ __all__ = [
     "HermesParser",
     "LLMClient",
     "LLMError",
+    "PromptError",
     "ReplicaBalancer",
     "RolloutStream",
     "Sample",

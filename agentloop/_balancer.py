@@ -6,6 +6,8 @@ import math
 import time
 from collections.abc import Callable, Collection
 
+from aprof import UsageError
+
 
 class ReplicaBalancer:
     """Picks replicas ``0 .. replicas-1`` for requests and counts those in flight.
@@ -67,9 +69,10 @@ class ReplicaBalancer:
         return chosen
 
     def release(self, replica: int) -> None:
-        """One request to ``replica`` ended."""
+        """One request to ``replica`` ended; raises :class:`aprof.UsageError` (a ``RuntimeError``)
+        when none was in flight there."""
         if self._in_flight[replica] < 1:
-            raise RuntimeError(f"replica {replica} has no request in flight")
+            raise UsageError(f"replica {replica} has no request in flight")
         self._in_flight[replica] -= 1
 
     def failed(self, replica: int) -> None:

@@ -7,6 +7,7 @@ import math
 import operator
 from collections.abc import Callable
 
+from agentloop._errors import CalculatorError
 from agentloop._tools import Tool
 
 MAX_CHARS = 200
@@ -29,10 +30,6 @@ _UNARY: dict[type[ast.unaryop], Callable[[float], float]] = {
     ast.UAdd: operator.pos,
     ast.USub: operator.neg,
 }
-
-
-class CalculatorError(ValueError):
-    """The expression is not plain arithmetic, or cannot be computed; the message says why."""
 
 
 def evaluate(expression: str) -> int | float:

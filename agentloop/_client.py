@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 from collections.abc import Sequence
@@ -17,9 +18,11 @@ import yarl
 import aprof
 from agentloop import _dialects
 from agentloop._balancer import ReplicaBalancer
-from agentloop._dialects import Answer, Api, BadAnswer
-from agentloop._errors import LLMError
+from agentloop._dialects import Answer, Api
+from agentloop._errors import BadAnswer, LLMError
 from agentloop._sse import SSEDecoder
+from aprof import UsageError, _http
+from aprof._errors import BodyTooLargeError
 
 _BODY_SHOWN = 300
 """Characters of an error body kept in an LLMError (servers may answer with whole pages)."""
@@ -62,8 +65,12 @@ class LLMClient:
     profiler; with ``prof=None`` nothing is profiled. ``api`` is ``"openai"``
     (``/v1/completions``) or ``"sglang"`` (``/generate``). A request is sent once: only a
     connection that could not be made (nothing sent) is tried on another replica, each at
-    most once. ``timeout_s`` bounds each request from the moment
-    aprof admits it to the last byte of the answer; ``connect_timeout_s`` bounds connecting.
+    most once. ``timeout_s`` bounds each request from the moment aprof admits it to the last
+    byte of the answer; ``connect_timeout_s`` bounds connecting, the name lookup included;
+    ``max_answer_bytes`` bounds each answer, whole or streamed. As the server adapters do
+    (both send through ``aprof._http``), it follows no redirect, uses no connection again
+    after a non-2xx answer, and sends the user and password of a replica URL as HTTP Basic
+    auth without ever showing them in an error or a log.
     """
 
     def __init__(
@@ -78,18 +85,26 @@ class LLMClient:
         timeout_s: float = 300.0,
         connect_timeout_s: float = 5.0,
         avoid_s: float = 30.0,
+        max_answer_bytes: int = _http.ANSWER_BYTES,
     ) -> None:
         if isinstance(replicas, str) or not replicas:
             raise ValueError("replicas must be a non-empty list of base URLs")
         for url in replicas:
             parsed = yarl.URL(url) if url.startswith(("http://", "https://")) else None
             if parsed is None or not parsed.host:
-                raise ValueError(f"a replica URL is http(s)://host[:port][/path], got {url!r}")
+                shown = _http.without_user(url)
+                raise ValueError(f"a replica URL is http(s)://host[:port][/path], got {shown!r}")
+            if api_key and (parsed.user is not None or parsed.password is not None):
+                raise ValueError(
+                    "give the replicas' credentials either in their URLs or as api_key"
+                )
         if api not in ("openai", "sglang"):
             raise ValueError(f"api must be 'openai' or 'sglang', got {api!r}")
         for name, value in (("timeout_s", timeout_s), ("connect_timeout_s", connect_timeout_s)):
             if not 0 < value < math.inf:
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        if type(max_answer_bytes) is not int or max_answer_bytes < 1:
+            raise ValueError(f"max_answer_bytes must be an int >= 1, got {max_answer_bytes!r}")
         self.urls = tuple(url.rstrip("/") for url in replicas)
         """The base URL of each replica."""
         self.api: Api = api
@@ -103,6 +118,8 @@ class LLMClient:
         self._stream = stream
         self._timeout_s = timeout_s
         self._connect_timeout_s = connect_timeout_s
+        self._max_answer_bytes = max_answer_bytes
+        self._shown = tuple(_http.without_user(url) for url in self.urls)
         self._session: aiohttp.ClientSession | None = None
         self._log = structlog.get_logger("agentloop").bind(api=api)
 
@@ -121,13 +138,12 @@ class LLMClient:
     async def open(self) -> None:
         """Create the HTTP session (idempotent)."""
         if self._session is None:
-            self._session = aiohttp.ClientSession(
+            self._session = _http.session(
+                connect_s=self._connect_timeout_s,
                 headers=self._headers,
                 # The runner bounds concurrency; a pool limit would only queue requests
                 # inside the per-request timeout.
-                connector=aiohttp.TCPConnector(limit=0),
-                # `connect` covers the name lookup too, which `sock_connect` does not.
-                timeout=aiohttp.ClientTimeout(total=None, connect=self._connect_timeout_s),
+                connections=0,
             )
 
     async def aclose(self) -> None:
@@ -150,11 +166,12 @@ class LLMClient:
 
         ``prompt`` is text, or token IDs (sent as ``prompt`` in the openai API, as
         ``input_ids`` in the sglang one). Raises :class:`LLMError` when the request fails,
-        ``ValueError`` for a token-ID prompt that is empty or holds a non-integer or negative
-        ID or for ``max_tokens`` < 1, ``RuntimeError`` before :meth:`open`.
+        :class:`PromptError` (a ``ValueError``) for a token-ID prompt that is empty or holds a
+        non-integer or negative ID, ``ValueError`` for ``max_tokens`` < 1, and
+        :class:`aprof.UsageError` (a ``RuntimeError``) before :meth:`open` or after :meth:`aclose`.
         """
         if self._session is None:
-            raise RuntimeError("open the LLMClient first: `async with LLMClient(...) as llm:`")
+            raise UsageError("open the LLMClient first: `async with LLMClient(...) as llm:`")
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         payload = _dialects.body(
@@ -218,40 +235,55 @@ class LLMClient:
     async def _send(self, replica: int, payload: dict[str, Any], request_id: str | None) -> Answer:
         """One HTTP exchange with ``replica``; every failure becomes an :class:`LLMError`."""
         assert self._session is not None
-        url = self.urls[replica] + _dialects.path(self.api)
+        route = _dialects.path(self.api)
+        url, shown = self.urls[replica] + route, self._shown[replica] + route
         headers = {"X-Request-Id": request_id} if request_id else None
+        bounds = _http.client_timeout(self._connect_timeout_s)  # the whole: asyncio.timeout
         try:
-            async with asyncio.timeout(self._timeout_s):
-                async with self._session.post(url, json=payload, headers=headers) as resp:
-                    if not 200 <= resp.status < 300:
-                        text = " ".join((await resp.text(errors="replace")).split())
-                        raise LLMError(
-                            replica,
-                            url,
-                            "status",
-                            text[:_BODY_SHOWN] or resp.reason or "",
-                            resp.status,
-                        )
-                    if self._stream:
-                        return await self._read_stream(resp)
-                    return _dialects.read_whole(self.api, await resp.json(content_type=None))
+            async with (
+                asyncio.timeout(self._timeout_s),
+                _http.send(
+                    self._session, "POST", url, json=payload, headers=headers, timeout=bounds
+                ) as resp,
+            ):
+                if not 200 <= resp.status < 300:
+                    cause = await self._status_cause(resp)
+                    raise LLMError(replica, shown, "status", cause, resp.status)
+                if self._stream:
+                    return await self._read_stream(resp)
+                text = await _http.read_text(resp, self._max_answer_bytes, errors="strict")
+                return _dialects.read_whole(self.api, json.loads(text) if text.strip() else None)
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             # Raised while connecting, before any byte of the request was written.
-            raise LLMError(replica, url, "connect", aprof.describe(exc)) from exc
+            raise LLMError(replica, shown, "connect", aprof.describe(exc)) from exc
         except TimeoutError as exc:
             cause = f"no complete answer within {self._timeout_s:g} s"
-            raise LLMError(replica, url, "timeout", cause) from exc
+            raise LLMError(replica, shown, "timeout", cause) from exc
         except aiohttp.ClientError as exc:
-            raise LLMError(replica, url, "disconnected", aprof.describe(exc)) from exc
+            raise LLMError(replica, shown, "disconnected", aprof.describe(exc)) from exc
+        except BodyTooLargeError as exc:
+            cause = f"{exc} (max_answer_bytes): not read further"
+            raise LLMError(replica, shown, "response", cause) from exc
         except ValueError as exc:  # BadAnswer, and JSON or UTF-8 that does not decode
-            raise LLMError(replica, url, "response", str(exc)) from exc
+            raise LLMError(replica, shown, "response", str(exc)) from exc
+
+    async def _status_cause(self, resp: aiohttp.ClientResponse) -> str:
+        """What a non-2xx answer says: the start of its body, else its reason phrase."""
+        try:
+            text = await _http.read_text(resp, self._max_answer_bytes)
+        except BodyTooLargeError as exc:
+            return f"{exc} (max_answer_bytes)"
+        return " ".join(text.split())[:_BODY_SHOWN] or resp.reason or ""
 
     async def _read_stream(self, resp: aiohttp.ClientResponse) -> Answer:
+        """The completion in a stream of events, at most ``max_answer_bytes`` of it in all."""
         answer = Answer()
         decoder = SSEDecoder()
-        async for chunk in resp.content.iter_any():
-            for data in decoder.feed(chunk):
-                if data == _dialects.DONE:
-                    return answer
-                _dialects.read_chunk(self.api, answer, json.loads(data))
+        body = _http.chunks(resp, self._max_answer_bytes)
+        async with contextlib.aclosing(body):  # closed also when [DONE] ends the reading
+            async for chunk in body:
+                for data in decoder.feed(chunk):
+                    if data == _dialects.DONE:
+                        return answer
+                    _dialects.read_chunk(self.api, answer, json.loads(data))
         raise BadAnswer(f"the stream ended without {_dialects.DONE}")

@@ -19,15 +19,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from agentloop._errors import BadAnswer, PromptError
+
 Api = Literal["openai", "sglang"]
 """Which completion API a replica is spoken to in."""
 
 DONE = "[DONE]"
 """The payload that ends a stream, in both APIs."""
-
-
-class BadAnswer(ValueError):
-    """The server answered with something the API does not promise; the message says what."""
 
 
 @dataclass(slots=True)
@@ -51,15 +49,15 @@ def path(api: Api) -> str:
 
 
 def token_ids(prompt: Sequence[int]) -> list[int]:
-    """``prompt`` as a list of token IDs; raises ``ValueError`` unless it is a non-empty
-    sequence of integers >= 0."""
+    """``prompt`` as a list of token IDs; raises :class:`PromptError` (a ``ValueError``)
+    unless it is a non-empty sequence of integers >= 0."""
     ids = list(prompt)
     if not ids:
-        raise ValueError("a token-ID prompt must hold at least one token ID")
+        raise PromptError("a token-ID prompt must hold at least one token ID")
     for token in ids:
         # bool is a subclass of int, but True is no token ID.
         if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-            raise ValueError(f"a token-ID prompt holds integers >= 0, got {token!r}")
+            raise PromptError(f"a token-ID prompt holds integers >= 0, got {token!r}")
     return ids
 
 

@@ -1,13 +1,11 @@
-"""What a capture target is, and the values exchanged with it."""
+"""The values exchanged with a capture target (the protocols are in ``aprof.abc``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
-
-if TYPE_CHECKING:
-    from aprof._config import LimitsConfig, TimeoutsConfig
+from typing import Any, Literal
 
 TargetKind = Literal["rollout", "role"]
 CountSource = Literal["trace", "counter"]
@@ -67,6 +65,16 @@ class WorkerCapture:
     started_ns: int
     stopped_ns: int
 
+    def to_record(self) -> dict[str, Any]:
+        """This capture as plain values: how it crosses from a worker to the driver."""
+        return asdict(self)
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> WorkerCapture:
+        """The capture :meth:`to_record` gave."""
+        files = tuple(CaptureFile(**f) for f in record["files"])
+        return cls(**{**record, "files": files})
+
 
 @dataclass(frozen=True, slots=True)
 class CaptureResult:
@@ -88,48 +96,3 @@ class CaptureResult:
     """Why the capture failed, when the target could still say what it left behind: the
     window is recorded ``failed`` with this reason, and ``files`` are listed all the same
     (the stop of a server that died, a server that restarted during the window)."""
-
-
-@runtime_checkable
-class CaptureTarget(Protocol):
-    """Anything that can start and stop one capture at a time.
-
-    Role targets may also carry ``role: str`` (defaults to ``name``) and ``rank: int``
-    (the worker rank they capture; without it the target writes one ``rank_<k>`` folder
-    per rank under the role folder itself), and ``tool: str`` (defaults to the
-    configured ``global_profiler.tool``).
-    """
-
-    name: str
-    """Unique and path-safe: ``replica_0``, ``actor``."""
-    kind: TargetKind
-    replica: int | None
-    """The replica a rollout target serves; ``None`` for role targets."""
-    enforces_window: bool
-    """True when the target itself skips ``delay`` and stops after ``forward_steps``."""
-
-    async def start(self, window: Window) -> None:
-        """Start the capture of ``window``; raise on failure."""
-        ...
-
-    async def stop(self, window: Window) -> CaptureResult:
-        """Stop the capture of ``window`` (a no-op for one the target ended itself)."""
-        ...
-
-    async def forward_steps(self) -> int | None:
-        """The engine's forward-step counter, ``None`` if unknown."""
-        ...
-
-
-@runtime_checkable
-class ManagedTarget(Protocol):
-    """A capture target that holds resources (an HTTP session): opened before its first
-    start, closed when the profiler closes."""
-
-    async def open(self, timeouts: TimeoutsConfig, limits: LimitsConfig) -> None:
-        """Acquire what the target needs, with the configured bounds on time and bytes."""
-        ...
-
-    async def aclose(self) -> None:
-        """Release what :meth:`open` acquired."""
-        ...

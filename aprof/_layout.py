@@ -8,6 +8,7 @@ import os
 import re
 from pathlib import Path
 
+from aprof._errors import UnsafeNameError, UnsafePathError
 from aprof._safe_files import (
     create_exclusive,
     open_folder,
@@ -24,7 +25,7 @@ def safe_name(name: str) -> str:
     """``name`` reduced to ``[A-Za-z0-9_.-]``, with no ``..`` and no leading dot."""
     cleaned = _DOTS.sub("_", _UNSAFE.sub("_", name)).lstrip(".")
     if not cleaned.strip("_"):
-        raise ValueError(f"{name!r} has no path-safe characters")
+        raise UnsafeNameError(f"{name!r} has no path-safe characters")
     return cleaned[:120]
 
 
@@ -39,11 +40,12 @@ def size_of(path: Path) -> int | None:
 
 
 def check_name(name: str, what: str) -> str:
-    """Return ``name`` if it is already path-safe, else raise ``ValueError`` saying why."""
+    """Return ``name`` if it is already path-safe, else raise ``UnsafeNameError`` (a
+    ``ValueError``) saying why."""
     if not isinstance(name, str) or not name:
-        raise ValueError(f"{what} must be a non-empty string, got {name!r}")
+        raise UnsafeNameError(f"{what} must be a non-empty string, got {name!r}")
     if safe_name(name) != name:
-        raise ValueError(
+        raise UnsafeNameError(
             f"{what} {name!r} is not path-safe: use letters, digits, '_', '-' and '.', "
             f"no '..' and no leading dot (for example {safe_name(name)!r})"
         )
@@ -102,10 +104,11 @@ class OutputLayout:
         write_file(str(self.root), folders, name, data, keep_previous=keep_previous)
 
     def parts(self, path: Path) -> tuple[str, ...]:
-        """The names leading from the root to ``path``; ``ValueError`` if it lies outside."""
+        """The names leading from the root to ``path``; ``UnsafePathError`` (an ``OSError``)
+        if it lies outside."""
         full = self.absolute(path)
         if not full.is_relative_to(self.root) or full == self.root:
-            raise ValueError(f"{full} does not lie inside save_path {self.root}")
+            raise UnsafePathError(f"{full} does not lie inside save_path {self.root}")
         return full.relative_to(self.root).parts
 
     def remove_stale_temp_files(self) -> int:

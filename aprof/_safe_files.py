@@ -6,7 +6,8 @@ aprof writes) is refused, never followed. Files are replaced atomically through 
 file created exclusively under an unpredictable name that says which host and process made
 it, so that a later run can remove what a killed one left behind.
 
-Standard library only: the timeline's writer process (``python -I -S``) loads it by path.
+Standard library and ``aprof._errors`` only: the timeline's writer process (``python -I -S``)
+loads both by path.
 """
 
 from __future__ import annotations
@@ -22,24 +23,14 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import BinaryIO
 
+from aprof._errors import FileTooLargeError, NotRegularFileError, UnsafePathError
+
 TEMP_SUFFIX = ".aprof-tmp"
 """Every temporary file aprof writes ends so."""
 _HOST = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:40] or "host"
 _TEMP = re.compile(r"^\..*\.(?P<host>[A-Za-z0-9-]+)\.(?P<pid>\d+)\.[0-9a-f]{16}\.aprof-tmp$")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-class UnsafePathError(OSError):
-    """A link, or something that is not a folder, where aprof needs a folder of its own."""
-
-
-class NotRegularFileError(OSError):
-    """A FIFO, a device, a folder or a socket where a file is read."""
-
-
-class FileTooLargeError(OSError):
-    """A file larger than the most a reader takes."""
 
 
 _FILE_KINDS = (

@@ -15,14 +15,8 @@ import zlib
 from pathlib import PurePosixPath
 from typing import Any
 
-from aprof._errors import describe
-from aprof._safe_files import (
-    FileTooLargeError,
-    NotRegularFileError,
-    UnsafePathError,
-    open_folder,
-    read_regular,
-)
+from aprof._errors import FileTooLargeError, NotRegularFileError, UnsafePathError, describe
+from aprof._safe_files import open_folder, read_regular
 
 
 def is_trace_json(path: str) -> bool:

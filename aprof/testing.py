@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from aprof._capture import CaptureResult, TargetKind, Window
+from aprof._errors import AprofError, TargetError
 from aprof._manifest import Manifest, load_manifest
 
 Fault = bool | Collection[int]
@@ -24,7 +25,7 @@ class Call:
     window: Window | None
 
 
-class TargetFault(RuntimeError):
+class TargetFault(AprofError, RuntimeError):
     """The failure a :class:`RecordingTarget` raises when told to fail."""
 
 
@@ -59,7 +60,7 @@ class RecordingTarget:
         stop_gate: asyncio.Event | None = None,
     ) -> None:
         if kind == "rollout" and replica is None:
-            raise ValueError("a rollout RecordingTarget needs replica=")
+            raise TargetError("a rollout RecordingTarget needs replica=")
         self.name = name
         self.kind: TargetKind = kind
         self.replica = replica

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 import aprof
-from aprof._manifest_files import ManifestFiles
+from aprof._manifest import ManifestFiles
 
 
 class InstantTarget:

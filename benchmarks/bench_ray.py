@@ -148,8 +148,7 @@ class Worker:
     async def settle(self) -> None:
         """Write this process's timeline and wait for it (private: RemoteProfiler has no
         flush; only so that one variant's writing does not run into the next)."""
-        if self.remote._timeline is not None:
-            await self.remote._timeline.write_now()
+        await self.remote._timeline.write_now()
 
     async def close(self) -> None:
         await self.remote.aclose()

@@ -25,10 +25,12 @@ from aprof import (
     LimitsConfig,
     TargetKind,
     TimeoutsConfig,
+    UsageError,
     Window,
     describe,
 )
-from servers._http import ServerClient, ServerError, restart_error
+from servers._errors import ServerError
+from servers._http import ServerClient, restart_error
 
 
 def observed_steps(
@@ -84,13 +86,13 @@ class Adapter(abc.ABC, Generic[H]):
     async def start(self, window: Window) -> None:
         """Start the capture of ``window``.
 
-        Raises ``RuntimeError`` if this adapter's previous capture is still active, and what
-        the engine's start raises (see the adapter's class).
+        Raises :class:`aprof.UsageError` (a ``RuntimeError``) if this adapter's previous
+        capture is still active, and what the engine's start raises (see the adapter's class).
         """
         async with self._lock:
             self._ready()
             if self._capture is not None:
-                raise RuntimeError(
+                raise UsageError(
                     f"{self.name}: the capture of {self._capture.window.prefix} is still active"
                 )
             self._admit(window)
@@ -101,14 +103,15 @@ class Adapter(abc.ABC, Generic[H]):
     async def stop(self, window: Window) -> CaptureResult:
         """Stop the capture of ``window`` and say what it left.
 
-        Raises ``RuntimeError`` when this adapter did not start ``window`` (nothing is sent),
-        and what the engine's stop raises (see the adapter's class).
+        Raises :class:`aprof.UsageError` (a ``RuntimeError``) when this adapter did not
+        start ``window`` (nothing is sent), and what the engine's stop raises (see the
+        adapter's class).
         """
         async with self._lock:
             self._ready()
             capture = self._capture
             if capture is None or capture.window != window:
-                raise RuntimeError(
+                raise UsageError(
                     f"{self.name}: this adapter did not start {window.prefix}: nothing stopped"
                 )
             self._capture = None

@@ -1,11 +1,11 @@
-"""The HTTP client piece every server adapter shares: one session, auth, JSON, logging, errors.
+"""One server's HTTP client, over aprof's shared client path (``aprof._http``): auth, logging
+per server, the adapters' errors, and reading the forward counter from ``/metrics``.
 
 Client code only: the adapters and ``servers/reference`` share protocol facts, not code.
 """
 
 from __future__ import annotations
 
-import codecs
 import json
 import math
 import re
@@ -17,71 +17,11 @@ from typing import Any
 import aiohttp
 import structlog
 import yarl
-from aiohttp.connector import Connection
 
-from aprof import LimitsConfig, TimeoutsConfig
-
-_BODY_SHOWN = 500
-"""Characters of an error body kept in messages (servers may answer with whole pages)."""
-_CHUNK = 64 * 1024
-"""Bytes read from an answer at a time."""
-
-
-class ServerError(Exception):
-    """A server answered a request with a status outside 2xx (a redirect included)."""
-
-    def __init__(
-        self, method: str, url: str, status: int, body: str, location: str | None = None
-    ) -> None:
-        # All go into args so the error pickles (Ray ships exceptions between processes).
-        super().__init__(method, url, status, body, location)
-        self.method = method
-        self.url = url
-        self.status = status
-        """The HTTP status code."""
-        self.body = body
-        """The response body as text."""
-        self.location = location
-        """Where a redirect pointed (credentials removed), ``None`` for other answers."""
-
-    def __str__(self) -> str:
-        text = f"{self.method} {self.url} answered {self.status}"
-        if self.location is not None:
-            text += f" (a redirect to {self.location[:_BODY_SHOWN]}, not followed)"
-        body = " ".join(self.body.split())[:_BODY_SHOWN]
-        return text + (f": {body}" if body else "")
-
-
-class AnswerTooLargeError(Exception):
-    """A server's answer was longer than ``limits.answer_bytes``: it was not read."""
-
-    def __init__(self, method: str, url: str, status: int, limit: int) -> None:
-        super().__init__(method, url, status, limit)  # pickles, as ServerError does
-        self.method = method
-        self.url = url
-        self.status = status
-        """The HTTP status code of the refused answer."""
-        self.limit = limit
-
-    def __str__(self) -> str:
-        return (
-            f"{self.method} {self.url} answered more than {self.limit} bytes (limits.answer_bytes)"
-        )
-
-
-class _Answer(aiohttp.ClientResponse):
-    """A response whose connection is used again only after a 2xx answer."""
-
-    async def start(self, connection: Connection) -> aiohttp.ClientResponse:
-        protocol = connection.protocol
-        await super().start(connection)
-        if protocol is not None and not 200 <= self.status < 300:
-            # A server that failed may drop the connection (SGLang does after a 500): the
-            # next request sent on it would be reset.
-            protocol.force_close()  # closed, not pooled, once the answer is read
-            if connection.protocol is None:  # the answer was whole and already pooled
-                protocol.close()
-        return self
+from aprof import LimitsConfig, TimeoutsConfig, UsageError, _http
+from aprof._errors import BodyTooLargeError
+from servers._errors import AnswerTooLargeError, ServerError, VersionError
+from servers.versions import Version, parse_version
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +38,9 @@ class ServerClient:
     Sends ``Authorization: Bearer <api_key>`` on every request when a key is given, or HTTP
     Basic auth with the user and password of ``base_url``, which shows nowhere else: every
     URL this client logs or puts in an error (``base_url`` too) has them removed. Logs every
-    answer with the server URL and replica.
+    answer with the server URL and replica. What the session trusts a server with (no
+    redirect followed, bounded answers, no connection reused after a failure) is
+    ``aprof._http``'s.
     """
 
     def __init__(self, base_url: str, *, replica: int, api_key: str | None = None) -> None:
@@ -124,16 +66,13 @@ class ServerClient:
         return self._timeouts
 
     async def open(self, timeouts: TimeoutsConfig, limits: LimitsConfig | None = None) -> None:
-        """Create the session; every connection attempt is bounded by ``timeouts.connect_s``,
-        every answer by ``limits.answer_bytes`` (the config's default without ``limits``)."""
+        """Create the session; every connection attempt, name lookup included, is bounded by
+        ``timeouts.connect_s``, every answer by ``limits.answer_bytes`` (the config's default
+        without ``limits``)."""
         self._timeouts = timeouts
         self._limits = limits or LimitsConfig()
         if self._session is None:
-            self._session = aiohttp.ClientSession(
-                headers=self._headers,
-                response_class=_Answer,
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s),
-            )
+            self._session = _http.session(connect_s=timeouts.connect_s, headers=self._headers)
 
     async def aclose(self) -> None:
         """Close the session (idempotent)."""
@@ -156,24 +95,23 @@ class ServerClient:
         the answer at debug level (for polling). Redirects are not followed. Raises
         :class:`ServerError` for a non-2xx answer, :class:`AnswerTooLargeError` for one
         longer than ``limits.answer_bytes``, ``aiohttp.ClientError`` when the server cannot
-        be reached or hangs up, ``TimeoutError`` after ``timeout_s``, and ``RuntimeError``
-        before :meth:`open`.
+        be reached or hangs up (``aiohttp.ConnectionTimeoutError``, also a ``TimeoutError``,
+        when no connection is made within ``timeouts.connect_s``), ``TimeoutError`` after
+        ``timeout_s``, and :class:`aprof.UsageError` before :meth:`open`.
         """
         if self._session is None:
-            raise RuntimeError(f"{self.base_url}: call open() before sending requests")
+            raise UsageError(f"{self.base_url}: call open() before sending requests")
         url = self.base_url + path
-        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self._timeouts.connect_s)
+        limit = self._limits.answer_bytes
+        bounds = _http.client_timeout(self._timeouts.connect_s, total_s=timeout_s)
         began = time.perf_counter()
         try:
-            async with self._session.request(
-                method, url, json=json, timeout=timeout, allow_redirects=False
-            ) as resp:
+            async with _http.send(self._session, method, url, json=json, timeout=bounds) as resp:
                 status, location = resp.status, resp.headers.get("Location")
-                data = await _read_at_most(resp, self._limits.answer_bytes)
-                if data is None:
-                    resp.close()  # the rest of the answer is in the connection: not used again
-                    raise AnswerTooLargeError(method, url, status, self._limits.answer_bytes)
-                text = data.decode(_charset(resp), errors="replace")
+                try:
+                    text = await _http.read_text(resp, limit)
+                except BodyTooLargeError:
+                    raise AnswerTooLargeError(method, url, status, limit) from None
         except (aiohttp.ClientError, TimeoutError, AnswerTooLargeError) as exc:
             self._log.warning("server request failed", method=method, path=path, error=repr(exc))
             raise
@@ -186,7 +124,9 @@ class ServerClient:
             ms=round((time.perf_counter() - began) * 1000, 1),
         )
         if not 200 <= status < 300:
-            shown = None if location is None or not 300 <= status < 400 else _without_user(location)
+            shown = None
+            if location is not None and 300 <= status < 400:
+                shown = _http.without_user(location)
             raise ServerError(method, url, status, text, shown)
         return Response(status, text)
 
@@ -206,44 +146,23 @@ class ServerClient:
             self._log.debug("metric unreadable", metric=name, error=repr(exc))
             return None
 
-    async def get_json(self, path: str, *, timeout_s: float) -> Any:
-        """``GET path`` and decode the JSON answer; raises ``ValueError`` if it is not JSON."""
+    async def version(self, path: str, *, timeout_s: float) -> Version:
+        """The ``"version"`` of the JSON object ``GET path`` answers, parsed.
+
+        Raises :class:`VersionError` when the answer is not JSON, holds no version string or
+        one that does not parse, and what :meth:`request` raises.
+        """
         text = (await self.request("GET", path, timeout_s=timeout_s)).text
         try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{self.base_url}{path} did not answer JSON: {text[:100]!r}") from exc
-
-
-async def _read_at_most(resp: aiohttp.ClientResponse, limit: int) -> bytes | None:
-    """The body of ``resp``, ``None`` as soon as it is known to be longer than ``limit``."""
-    if resp.content_length is not None and resp.content_length > limit:
-        return None
-    body = bytearray()
-    while chunk := await resp.content.read(_CHUNK):
-        body += chunk
-        if len(body) > limit:
-            return None
-    return bytes(body)
-
-
-def _charset(resp: aiohttp.ClientResponse) -> str:
-    """The answer's declared charset if Python knows it, else UTF-8."""
-    try:
-        return codecs.lookup(resp.charset or "utf-8").name
-    except LookupError:
-        return "utf-8"
-
-
-def _without_user(url: str) -> str:
-    """``url`` with any user and password removed."""
-    try:
-        parsed = yarl.URL(url)
-        if parsed.user is None and parsed.password is None:
-            return url
-        return str(parsed.with_user(None))
-    except ValueError:
-        return "<a URL that cannot be parsed>"
+            body = json.loads(text)
+        except json.JSONDecodeError:
+            raise VersionError(
+                f"{self.base_url}{path} did not answer JSON: {text[:100]!r}"
+            ) from None
+        version = body.get("version") if isinstance(body, dict) else None
+        if not isinstance(version, str):
+            raise VersionError(f"{self.base_url}{path} gave no version: {body!r}")
+        return parse_version(version)
 
 
 def restart_error(at_start: int | None, at_stop: int | None) -> str | None:

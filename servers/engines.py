@@ -12,22 +12,16 @@ import dataclasses
 import importlib
 import inspect
 import os
-import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aprof import CaptureResult, Window
-from servers._adapter import Adapter
-from servers.trace_files import (
-    is_vllm_worker_trace,
-    listing,
-    outputs,
-    relocate,
-    vllm_prefix,
-    vllm_steps_in,
-)
+from servers import vllm_traces
+from servers._adapter import Adapter, observed_steps
+from servers._errors import VersionError
+from servers.trace_files import is_vllm_worker_trace, listing, outputs, vllm_prefix
 from servers.versions import Version, parse_version
 from servers.vllm import SAFE_EMPTY_STOP, delay_iterations
 
@@ -42,10 +36,8 @@ class _VLLMCapture:
     """A capture a ``VLLMEngine`` started and has not stopped."""
 
     window: Window
-    started_ns: int
-    """Wall clock just before the start."""
-    before: dict[str, int] | None
-    """``profiler_dir`` entries (name -> mtime) at the start, when files are matched by time."""
+    since: vllm_traces.Mark
+    """``profiler_dir`` just before the start."""
 
 
 class VLLMEngine(Adapter[_VLLMCapture]):
@@ -89,14 +81,13 @@ class VLLMEngine(Adapter[_VLLMCapture]):
         if self.enforces_window:
             kwargs["delay_iterations"] = delay_iterations(window.delay)
             kwargs["max_iterations"] = window.forward_steps or 0  # 0: until the stop
-        before = None if self._by_prefix else await self._listing()
-        started_ns = time.time_ns()
+        since = await vllm_traces.mark(self._profiler_dir, by_prefix=self._by_prefix)
         try:
             await self._engine.start_profile(**kwargs)
         except (asyncio.CancelledError, TimeoutError):
             self._unsure = True  # vLLM: a cancelled start may still take effect
             raise
-        return _VLLMCapture(window, started_ns, before)
+        return _VLLMCapture(window, since)
 
     async def _stop(self, capture: _VLLMCapture) -> CaptureResult:
         window = capture.window
@@ -117,11 +108,8 @@ class VLLMEngine(Adapter[_VLLMCapture]):
         # Files are matched by prefix where every start sets it, else by modification time.
         return self._prefixed and self._version >= _PREFIX_EVERY_START
 
-    async def _listing(self) -> dict[str, int] | None:
-        return await asyncio.to_thread(listing, self._profiler_dir)
-
     async def _worker_files_waiting(self, window: Window) -> list[str]:
-        entries = await self._listing() or {}
+        entries = await asyncio.to_thread(listing, self._profiler_dir) or {}
         head = vllm_prefix(window.prefix) + "_"
         return [n for n in entries if n.startswith(head) and is_vllm_worker_trace(Path(n))]
 
@@ -140,29 +128,18 @@ class VLLMEngine(Adapter[_VLLMCapture]):
             note = "the engine's trace folder is unknown: pass profiler_dir= to collect traces"
             return CaptureResult(auto_stopped=auto_stopped, note=note)
         prefix = vllm_prefix(window.prefix) if self._by_prefix else None
-        found = await asyncio.to_thread(
-            relocate,
-            source,
-            window.dir,
-            prefix,
-            capture.before,
-            capture.started_ns,
-            root=window.root,
-        )
-        if found is None:
+        traces = await vllm_traces.collect(source, window, capture.since, prefix)
+        if traces is None:
             note = f"traces stay where vLLM wrote them: {source} is not reachable"
             return CaptureResult(auto_stopped=auto_stopped, note=note)
-        moved, kept = found
-        files = tuple(moved + kept)
-        observed = await asyncio.to_thread(vllm_steps_in, files)
+        forward_steps, counted_from = observed_steps(traces.steps, None)
         how = f"prefix {prefix}_" if prefix else "modification time"
-        note = f"{len(files)} file(s) matched by {how}"
         return CaptureResult(
-            files=files,
-            forward_steps=observed,
-            counted_from="trace" if observed is not None else None,
+            files=traces.files,
+            forward_steps=forward_steps,
+            counted_from=counted_from,
             auto_stopped=auto_stopped,
-            note=note,
+            note=f"{len(traces.files)} file(s) matched by {how}",
         )
 
 
@@ -326,7 +303,7 @@ def _installed_version(package: str) -> str:
     try:
         version: str = importlib.import_module(package).__version__
     except (ImportError, AttributeError) as exc:
-        raise ValueError(f"cannot tell the {package} version ({exc}): pass version=") from None
+        raise VersionError(f"cannot tell the {package} version ({exc}): pass version=") from None
     return version
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, get_args
 
 from aprof import ProfilerConfig, load_config
+from servers._errors import UnsupportedError
 from servers.sglang import SGLangServer
 from servers.versions import Version, parse_version, version_text
 from servers.vllm import VLLMServer, delay_iterations
@@ -126,7 +127,8 @@ def launch_spec(
     ``model`` (with ``host``, ``port`` and extra ``server_args``) completes ``command``;
     ``dialect`` picks the reference server's dialect; ``python`` is the interpreter the
     command runs (vLLM and SGLang need theirs). Raises ValueError on an unknown engine,
-    a malformed version or a tool the engine cannot run, ConfigError on a bad config.
+    VersionError on a malformed version, UnsupportedError for a tool the engine (at that
+    version) cannot run, ConfigError on a bad config.
     """
     if engine not in ENGINES:
         raise ValueError(f"engine: expected one of {', '.join(ENGINES)}, got {engine!r}")
@@ -184,16 +186,19 @@ class _Prep:
         return self.config.global_profiler.tool
 
     def contents(self) -> set[str]:
-        """The capture contents of the configured tool; ValueError if the engine cannot run it."""
+        """The capture contents of the configured tool; UnsupportedError if the engine cannot
+        run it."""
         if self.tool == "npu":
             if self.engine in ("vllm", "sglang"):
                 suffix = "ascend" if self.engine == "vllm" else "npu"
-                raise ValueError(f"tool npu: use engine {self.engine}-{suffix}")
+                raise UnsupportedError(f"tool npu: use engine {self.engine}-{suffix}")
             return set(self.config.tool_config.npu.contents)
         if self.tool == "torch_memory":
-            raise ValueError(f"tool torch_memory is a worker tool: {self.engine} cannot run it")
+            raise UnsupportedError(
+                f"tool torch_memory is a worker tool: {self.engine} cannot run it"
+            )
         if self.tool == "nsys" and self.engine in ("vllm-ascend", "sglang-npu"):
-            raise ValueError(f"tool nsys: {self.engine} profiles with torch_npu (tool npu)")
+            raise UnsupportedError(f"tool nsys: {self.engine} profiles with torch_npu (tool npu)")
         return set(self.config.tool_config.torch.contents)
 
     def bounds(self, delay_key: str, max_key: str) -> dict[str, int]:
@@ -231,7 +236,7 @@ def _vllm(prep: _Prep) -> None:
     contents = prep.contents()
     nsys = prep.tool == "nsys"
     if nsys and prep.version < (0, 12, 0):
-        raise ValueError("tool nsys needs vLLM >= 0.12 (its cuda profiler mode)")
+        raise UnsupportedError("tool nsys needs vLLM >= 0.12 (its cuda profiler mode)")
     if nsys:
         prep.notes.append(
             "run the server under `nsys profile --capture-range=cudaProfilerApi "

@@ -21,19 +21,18 @@ from typing import BinaryIO
 import aiohttp
 import structlog
 
+from aprof import _http
+from servers._errors import LaunchError
 from servers.launch import LaunchSpec
 from servers.sglang import SGLangServer
 from servers.vllm import VLLMServer
 
 _HEALTH_POLL_S = 0.2
+_HEALTH_CALL_S = 5.0  # one /health request, connecting included
 _GROUP_POLL_S = 0.05
 _LOG_TAIL_LINES = 40
 
 logger = structlog.get_logger("aprof.servers")
-
-
-class LaunchError(RuntimeError):
-    """A server did not come up healthy; the message holds the tail of its log."""
 
 
 class LaunchedServer:
@@ -151,7 +150,7 @@ async def _wait_healthy(server: LaunchedServer, timeout_s: float) -> None:
     url = f"{server.base_url}/health"
     exited = asyncio.ensure_future(server.process.wait())
     try:
-        async with asyncio.timeout(timeout_s), aiohttp.ClientSession() as session:
+        async with asyncio.timeout(timeout_s), _http.session(connect_s=_HEALTH_CALL_S) as session:
             while not exited.done():
                 if await _healthy(session, url):
                     return
@@ -172,8 +171,9 @@ async def _wait_healthy(server: LaunchedServer, timeout_s: float) -> None:
 
 
 async def _healthy(session: aiohttp.ClientSession, url: str) -> bool:
+    bounds = _http.client_timeout(_HEALTH_CALL_S, total_s=_HEALTH_CALL_S)
     try:
-        async with session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as response:
+        async with _http.send(session, "GET", url, timeout=bounds) as response:
             return response.status == 200
     except (aiohttp.ClientError, TimeoutError):
         return False  # not listening yet, or busy starting

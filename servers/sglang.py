@@ -18,7 +18,7 @@ from pathlib import Path
 
 from aprof import CaptureResult, LimitsConfig, TimeoutsConfig, Window
 from servers._adapter import HTTPAdapter, observed_steps
-from servers._http import ServerError
+from servers._errors import ServerError
 from servers.trace_files import outputs, sglang_steps_in
 from servers.versions import Version, parse_version, version_text
 
@@ -60,8 +60,8 @@ class SGLangServer(HTTPAdapter[_Capture]):
     lists the window's files; a stop that fails, and a server that restarted during the
     window, give a result with ``error`` set and the files found all the same; it raises
     ``TimeoutError`` when the stop is not answered within ``timeouts.stop_s``. A start is
-    refused (``RuntimeError``, nothing sent) while this adapter holds a capture: a second
-    start on SGLang would silently restart the running capture.
+    refused (``UsageError``, a ``RuntimeError``; nothing sent) while this adapter holds a
+    capture: a second start on SGLang would silently restart the running capture.
     """
 
     forward_metric = FORWARD_METRIC
@@ -113,11 +113,7 @@ class SGLangServer(HTTPAdapter[_Capture]):
         failures = []
         for path in INFO_PATHS:
             try:
-                body = await self._client.get_json(path, timeout_s=timeout_s)
-                text = body.get("version") if isinstance(body, dict) else None
-                if not isinstance(text, str):
-                    raise ValueError(f"{path} gave no version")
-                return parse_version(text)
+                return await self._client.version(path, timeout_s=timeout_s)
             except ServerError as exc:
                 failures.append(f"{path}: {exc.status}")
                 if exc.status != 404:

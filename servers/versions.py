@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+from servers._errors import VersionError
+
 Version = tuple[int, int, int]
 """``(major, minor, patch)`` of an engine release; a missing patch is ``0``."""
 
@@ -16,11 +18,11 @@ _VERSION = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?")
 
 def parse_version(text: str) -> Version:
     """``"v0.16.0rc1"`` -> ``(0, 16, 0)``, ``"0.32.0+cpu"`` -> ``(0, 32, 0)``, ``"0.12"`` ->
-    ``(0, 12, 0)``: release suffixes are ignored. Raises ``ValueError`` naming ``text`` when
-    it does not begin with ``X.Y``."""
+    ``(0, 12, 0)``: release suffixes are ignored. Raises :class:`~servers.VersionError` (a
+    ``ValueError``) naming ``text`` when it does not begin with ``X.Y``."""
     match = _VERSION.match(text.strip())
     if match is None:
-        raise ValueError(f"not a version: {text!r} (expected X.Y or X.Y.Z, such as '0.32.0')")
+        raise VersionError(f"not a version: {text!r} (expected X.Y or X.Y.Z, such as '0.32.0')")
     return int(match[1]), int(match[2]), int(match[3] or 0)
 
 

@@ -8,16 +8,20 @@ harmless no-op, before that it can crash the server.
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from aprof import CaptureResult, LimitsConfig, TimeoutsConfig, Window
+from aprof import CaptureResult, LimitsConfig, TimeoutsConfig, UsageError, Window
+from servers import vllm_traces
 from servers._adapter import HTTPAdapter, observed_steps
-from servers._http import ServerError
-from servers.trace_files import listing, relocate, vllm_prefix, vllm_steps_in
+from servers._errors import (
+    ProfilingDisabledError,
+    ServerError,
+    SessionConflictError,
+    UnsupportedError,
+)
+from servers.trace_files import vllm_prefix
 from servers.versions import Version, parse_version, version_text
 
 FORWARD_METRIC = "vllm:iteration_tokens_total_count"
@@ -27,14 +31,6 @@ _LAUNCH_BOUNDS: Version = (0, 12, 0)  # VLLM_PROFILER_{DELAY,MAX}_ITERS, then Pr
 _CONFIG_FLAG: Version = (0, 13, 0)  # --profiler-config replaces VLLM_TORCH_PROFILER_DIR
 SAFE_EMPTY_STOP: Version = (0, 30, 0)  # before: a stop with nothing running: 500 or a crash
 _PER_CALL: Version = (0, 32, 0)  # start body with prefix and bounds; 409 on a second start
-
-
-class ProfilingDisabledError(RuntimeError):
-    """The server has no profiling routes (404): profiling was not enabled at its launch."""
-
-
-class SessionConflictError(RuntimeError):
-    """The server holds a profiling session aprof did not start (409); aprof leaves it alone."""
 
 
 def enable_hint(version: Version, profiler_dir: Path | None) -> str:
@@ -53,10 +49,8 @@ class _Capture:
     """A capture this adapter started and has not stopped."""
 
     window: Window
-    started_ns: int
-    """Wall clock just before the start was sent."""
-    before: dict[str, int] | None
-    """``profiler_dir`` entries (name -> mtime) at the start, when files are matched by time."""
+    since: vllm_traces.Mark
+    """``profiler_dir`` just before the start was sent."""
     counter: int | None
     """The forward-step counter once the start was answered."""
 
@@ -72,12 +66,12 @@ class VLLMServer(HTTPAdapter[_Capture]):
     for exactly those bounds. ``enforces_window`` is known once the target is open.
 
     ``start`` raises ``ProfilingDisabledError`` (404), ``SessionConflictError`` (409),
-    ``ValueError`` when the window's bounds differ from ``launch_window``, ``ServerError``
-    for other answers. ``stop`` is sent also after a server-side auto-stop (vLLM needs it
-    before the next start) and moves the window's traces into its folder; a stop that fails,
-    and a server that restarted during the window, give a result with ``error`` set and the
-    files found all the same; it raises ``TimeoutError`` when the stop is not answered
-    within ``timeouts.stop_s``. Both raise ``RuntimeError`` before ``open``.
+    ``UnsupportedError`` when the window's bounds differ from ``launch_window``,
+    ``ServerError`` for other answers. ``stop`` is sent also after a server-side auto-stop
+    (vLLM needs it before the next start) and moves the window's traces into its folder; a
+    stop that fails, and a server that restarted during the window, give a result with
+    ``error`` set and the files found all the same; it raises ``TimeoutError`` when the stop
+    is not answered within ``timeouts.stop_s``. Both raise ``UsageError`` before ``open``.
     """
 
     forward_metric = FORWARD_METRIC
@@ -109,17 +103,14 @@ class VLLMServer(HTTPAdapter[_Capture]):
     async def open(self, timeouts: TimeoutsConfig, limits: LimitsConfig | None = None) -> None:
         """Open the HTTP session and learn the version (``GET /version``) if it was not given.
 
-        Raises ``ValueError`` for an unreadable version or a ``launch_window`` the version
-        cannot honour, and the HTTP errors of ``ServerClient.request``.
+        Raises ``VersionError`` for an unreadable version, ``UnsupportedError`` for a
+        ``launch_window`` the version cannot honour, and the HTTP errors of
+        ``ServerClient.request``.
         """
         await super().open(timeouts, limits)
         try:
             if self._version is None:
-                body = await self._client.get_json("/version", timeout_s=timeouts.start_s)
-                text = body.get("version") if isinstance(body, dict) else None
-                if not isinstance(text, str):
-                    raise ValueError(f"{self._client.base_url}/version gave no version: {body!r}")
-                self._version = parse_version(text)
+                self._version = await self._client.version("/version", timeout_s=timeouts.start_s)
             self.enforces_window = self._bounds_by_server(self._version)
         except BaseException:
             # A target whose open failed is never closed by the profiler: close the session.
@@ -133,21 +124,18 @@ class VLLMServer(HTTPAdapter[_Capture]):
 
     async def _start(self, window: Window) -> _Capture:
         version = self._opened_version()
-        by_time = version < _PER_CALL and self._profiler_dir is not None
-        before = await asyncio.to_thread(listing, self._profiler_dir) if by_time else None
-        started_ns = time.time_ns()
+        since = await vllm_traces.mark(self._profiler_dir, by_prefix=version >= _PER_CALL)
         counter = await self._send_start(self._start_body(window, version))
-        return _Capture(window, started_ns, before, counter)
+        return _Capture(window, since, counter)
 
     async def _result(
         self, capture: _Capture, count: int | None, *, ended: bool, error: str | None
     ) -> CaptureResult:
-        files, note = await self._collect(capture, self._opened_version())
+        traces, note = await self._collect(capture, self._opened_version())
         observed, auto_stopped = self._observed(capture, count)
-        traced = await asyncio.to_thread(vllm_steps_in, files)
-        observed, counted_from = observed_steps(traced, observed)
+        observed, counted_from = observed_steps(traces.steps, observed)
         return CaptureResult(
-            files=files,
+            files=traces.files,
             forward_steps=observed,
             counted_from=counted_from,
             auto_stopped=auto_stopped,
@@ -163,7 +151,7 @@ class VLLMServer(HTTPAdapter[_Capture]):
         if self._launch_window is None:
             return False
         if version < _LAUNCH_BOUNDS:
-            raise ValueError(
+            raise UnsupportedError(
                 f"vLLM {version_text(version)} cannot bound captures at launch (0.12+): "
                 "drop launch_window"
             )
@@ -180,7 +168,7 @@ class VLLMServer(HTTPAdapter[_Capture]):
         delay, most = self._launch_window
         wanted = (window.delay, window.forward_steps or 0)
         if wanted != (skipped_steps(delay), most):
-            raise ValueError(
+            raise UnsupportedError(
                 f"{self.name} was launched with delay_iterations={delay}, max_iterations={most} "
                 f"(skip {skipped_steps(delay)} steps, record {most}), but the window skips "
                 f"{window.delay} and records {window.forward_steps}: launch it with "
@@ -238,7 +226,7 @@ class VLLMServer(HTTPAdapter[_Capture]):
 
     def _opened_version(self) -> Version:
         if self._version is None:
-            raise RuntimeError(f"{self.name}: open() the target before starting captures")
+            raise UsageError(f"{self.name}: open() the target before starting captures")
         return self._version
 
     # -- results ----------------------------------------------------------------------------
@@ -271,37 +259,30 @@ class VLLMServer(HTTPAdapter[_Capture]):
 
     async def _collect(
         self, capture: _Capture, version: Version
-    ) -> tuple[tuple[Path, ...], str | None]:
-        """Move the window's traces into its folder; returns the files and a note, if any."""
+    ) -> tuple[vllm_traces.Traces, str | None]:
+        """Move the window's traces into its folder; returns them and a note, if any."""
         source = self._profiler_dir
         window = capture.window
         if source is None:
-            return (), (
+            return vllm_traces.Traces(), (
                 "traces stay where vLLM wrote them (its launch-time profiler directory); "
                 f"give VLLMServer profiler_dir= to have them moved into {window.dir}"
             )
         prefix = vllm_prefix(window.prefix) if version >= _PER_CALL else None
-        found = await asyncio.to_thread(
-            relocate,
-            source,
-            window.dir,
-            prefix,
-            capture.before,
-            capture.started_ns,
-            root=window.root,
-        )
-        if found is None:
-            return (), f"traces stay where vLLM wrote them: {source} is not reachable from here"
-        moved, kept = found
-        if kept:
-            return tuple(moved + kept), (
-                f"{len(kept)} trace file(s) could not be moved from {source}: "
+        traces = await vllm_traces.collect(source, window, capture.since, prefix)
+        if traces is None:
+            return vllm_traces.Traces(), (
+                f"traces stay where vLLM wrote them: {source} is not reachable from here"
+            )
+        if traces.kept:
+            return traces, (
+                f"{len(traces.kept)} trace file(s) could not be moved from {source}: "
                 "listed where vLLM wrote them"
             )
-        if not moved:
+        if not traces.moved:
             how = f"named {prefix}_*" if prefix else "written during the window"
-            return (), f"no trace files {how} in {source}"
-        return tuple(moved), None
+            return traces, f"no trace files {how} in {source}"
+        return traces, None
 
 
 def delay_iterations(skip: int) -> int:

@@ -1,4 +1,17 @@
-"""Shared fixtures: a profiler config in a temporary save_path, and one `aprof demo` run."""
+"""Shared fixtures: a profiler config in a temporary save_path, and one `aprof demo` run; and
+hypothesis' profiles.
+
+Hypothesis profiles (per-test ``@settings`` still set what they name, ``max_examples`` say):
+
+- ``deterministic``, loaded here, what a plain ``python -m pytest`` runs (the README's command,
+  CI's ``.ci/run``): the same examples on every run and machine (``derandomize``), no example
+  database, no deadline and no ``too_slow`` health check (a busy machine's timing is not a
+  failure), and the blob that reproduces a failure printed. A property test that fails here
+  fails every time, on every machine.
+- ``explore`` (``--hypothesis-profile=explore``; ``nox -s tests`` and ``nox -s faults`` pass
+  it): new random examples each run, failures kept in ``.hypothesis/`` and replayed first,
+  hypothesis' own deadline and health checks. What it finds becomes an ``@example``.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +22,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 import aprof
+
+_HYPOTHESIS = settings.get_profile("default")  # hypothesis' own, whatever CI variables say
+settings.register_profile(
+    "deterministic",
+    parent=_HYPOTHESIS,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    print_blob=True,
+)
+settings.register_profile("explore", parent=_HYPOTHESIS, derandomize=False, print_blob=True)
+# Before any test module is imported (their @settings inherit what is loaded then); the
+# --hypothesis-profile option, read after this file, loads another.
+settings.load_profile("deterministic")
 
 
 @pytest.fixture

@@ -1,4 +1,6 @@
-"""The project's modules import one another without a circle.
+"""The project's modules import one another as docs/architecture.md says: without a circle,
+each layer only from the layers its row of the table names, the CLI through the folders' doors,
+the examples through public names, and no ``_name`` across packages.
 
 Read from the source with ``ast``, nothing imported: every import statement of the packages
 ``aprof``, ``agentloop`` and ``servers`` (at module level or inside a function; not under
@@ -10,15 +12,37 @@ package. Loading ``a.b.c`` also runs ``a`` and ``a.b`` first; those implicit edg
 from __future__ import annotations
 
 import ast
+import re
+import shutil
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("aprof", "agentloop", "servers")
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
 
 Graph = dict[str, dict[str, int]]
 """Module -> {module it imports: line of the first such import}."""
+
+
+@dataclass(frozen=True)
+class Import:
+    """One name (or module) one module of the project imports from another."""
+
+    importer: str
+    module: str
+    """The project module it loads."""
+    name: str | None
+    """The name read from it (``from module import name``), ``None`` for ``import module``."""
+    line: int
+
+    def __str__(self) -> str:
+        what = f"from {self.module} import {self.name}" if self.name else f"import {self.module}"
+        return f"{self.importer} (line {self.line}): {what}"
 
 
 def modules_of(root: Path, packages: Iterable[str]) -> dict[str, Path | None]:
@@ -47,16 +71,22 @@ def import_graph(root: Path, packages: Iterable[str]) -> Graph:
     """The edges between the project's modules, read from the source."""
     modules = modules_of(root, packages)
     graph: Graph = {name: {} for name in modules}
+    for imp in imports(root, modules):
+        graph[imp.importer].setdefault(imp.module, imp.line)
+    return graph
+
+
+def imports(root: Path, modules: Mapping[str, Path | None]) -> Iterator[Import]:
+    """Every import of a project module by one of ``modules`` (itself excluded)."""
     for name, path in modules.items():
         if path is None:
             continue
         is_package = path.name == "__init__.py"
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         for node in _runtime_imports(tree.body):
-            for target in _targets(node, name, is_package, modules):
+            for target, imported in _targets(node, name, is_package, modules):
                 if target != name:
-                    graph[name].setdefault(target, node.lineno)
-    return graph
+                    yield Import(name, target, imported, node.lineno)
 
 
 def _runtime_imports(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
@@ -82,11 +112,12 @@ def _is_type_checking(test: ast.expr) -> bool:
 
 def _targets(
     node: ast.Import | ast.ImportFrom, module: str, is_package: bool, modules: Mapping[str, object]
-) -> Iterator[str]:
+) -> Iterator[tuple[str, str | None]]:
+    """The project modules ``node`` loads, each with the name it reads there (if any)."""
     if isinstance(node, ast.Import):
         for alias in node.names:
             if alias.name in modules:
-                yield alias.name
+                yield alias.name, None
         return
     base = _absolute(node, module, is_package)
     if base is None:
@@ -94,9 +125,9 @@ def _targets(
     for alias in node.names:
         sub = f"{base}.{alias.name}"
         if sub in modules:
-            yield sub
+            yield sub, None
         elif base in modules:
-            yield base
+            yield base, alias.name
 
 
 def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str | None:
@@ -192,6 +223,132 @@ def show(graph: Graph, cycle: list[str]) -> str:
     return "\n".join(lines)
 
 
+# --- the layers ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One row of docs/architecture.md's layer table."""
+
+    name: str
+    where: tuple[str, ...]
+    """Its files (``aprof/_errors.py``) and folders (``aprof/_core/``), from the root."""
+    may_import: frozenset[str]
+    """The other layers it may import."""
+
+
+def layer_table(text: str) -> list[Layer]:
+    """The layers of the table whose header starts ``| layer | where |``, bottom up.
+
+    ``where`` holds backticked paths; ``may import`` names layers, comma-separated (other
+    words, such as "nothing of the project", name none).
+    """
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| layer | where |"))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        rows.append((cells[0], tuple(re.findall(r"`([^`]+)`", cells[1])), cells[-1]))
+    names = {name for name, _, _ in rows}
+    return [
+        Layer(name, where, frozenset(w.strip() for w in may.split(",")) & names)
+        for name, where, may in rows
+    ]
+
+
+def layer_of(module: str, path: Path | None, root: Path, layers: list[Layer]) -> Layer | None:
+    """The layer whose files or folders hold ``module`` (the most specific one)."""
+    file = (
+        path.relative_to(root).as_posix()
+        if path is not None
+        else module.replace(".", "/")  # a compiled module: its folder says
+    )
+    best: tuple[int, Layer] | None = None
+    for layer in layers:
+        for where in layer.where:
+            hit = file.startswith(where) if where.endswith("/") else file == where
+            if hit and (best is None or len(where) > best[0]):
+                best = (len(where), layer)
+    return None if best is None else best[1]
+
+
+def layer_breaks(root: Path, packages: Iterable[str], layers: list[Layer]) -> list[str]:
+    """Every module in no layer, and every import of a layer its row does not name."""
+    modules = modules_of(root, packages)
+    found = {m: layer_of(m, p, root, layers) for m, p in modules.items()}
+    breaks = [f"{m} is in no layer of the table" for m, layer in found.items() if layer is None]
+    for imp in imports(root, modules):
+        mine, theirs = found[imp.importer], found[imp.module]
+        if mine is None or theirs is None or mine is theirs:
+            continue
+        if theirs.name not in mine.may_import:
+            breaks.append(f"{imp}: layer {mine.name!r} may not import layer {theirs.name!r}")
+    return breaks
+
+
+def _private(part: str) -> bool:
+    return part.startswith("_") and not part.startswith("__")
+
+
+def _package_of(module: str, modules: Mapping[str, Path | None]) -> str:
+    path = modules.get(module)
+    is_package = path is not None and path.name == "__init__.py"
+    return module if is_package else module.rpartition(".")[0]
+
+
+def private_name_imports(root: Path, packages: Iterable[str]) -> list[str]:
+    """Imports of a ``_name`` defined in another package (its folder) than the importer's."""
+    modules = modules_of(root, packages)
+    return [
+        f"{imp}: a private name of another package"
+        for imp in imports(root, modules)
+        if imp.name is not None
+        and _private(imp.name)
+        and _package_of(imp.importer, modules) != _package_of(imp.module, modules)
+    ]
+
+
+def cli_reaches_behind_doors(root: Path, packages: Iterable[str]) -> list[str]:
+    """Imports by ``aprof/cli/`` (and ``aprof/__main__.py``) of a private module of aprof that
+    is not a folder's door, or of a ``_name``: the CLI uses public names and doors only."""
+    modules = modules_of(root, packages)
+    breaks = []
+    for imp in imports(root, modules):
+        if not (imp.importer.startswith("aprof.cli") or imp.importer == "aprof.__main__"):
+            continue
+        if imp.module.startswith("aprof.cli"):
+            continue  # its own modules
+        parts = imp.module.split(".")
+        behind = any(_private(p) for p in parts[:-1])
+        door = modules.get(imp.module) is not None and modules[imp.module].name == "__init__.py"  # type: ignore[union-attr]
+        if behind or (_private(parts[-1]) and not door):
+            breaks.append(f"{imp}: the CLI uses public names and the doors of aprof's folders")
+        elif imp.name is not None and _private(imp.name):
+            breaks.append(f"{imp}: a private name")
+    return breaks
+
+
+def example_private_imports(folder: Path) -> list[str]:
+    """Imports by the scripts in ``folder`` of a private module or name of the project."""
+    breaks = []
+    for path in sorted(folder.glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in _runtime_imports(tree.body):
+            if isinstance(node, ast.Import):
+                pairs = [(alias.name, None) for alias in node.names]
+            else:
+                pairs = [(node.module or "", alias.name) for alias in node.names]
+            for module, name in pairs:
+                if module.split(".")[0] not in PACKAGES:
+                    continue
+                if any(_private(p) for p in module.split(".")) or (name and _private(name)):
+                    what = f"from {module} import {name}" if name else f"import {module}"
+                    breaks.append(f"{path.name} (line {node.lineno}): {what}: not a public name")
+    return breaks
+
+
 # --- the project -------------------------------------------------------------------------
 
 
@@ -211,13 +368,72 @@ def test_the_graph_sees_the_project() -> None:
     graph = import_graph(ROOT, PACKAGES)
     assert {"aprof", "aprof._config", "agentloop", "servers"} <= set(graph)
     assert "aprof._config" in graph["aprof"]  # the front door's re-export
-    assert "aprof._errors" in graph["aprof._config"]
+    assert "aprof._errors" in graph["aprof._config.load"]
 
 
 def test_config_and_verl_do_not_import_each_other_back() -> None:
     graph = import_graph(ROOT, PACKAGES)
-    assert "aprof._config" in graph["aprof._verl"]
-    assert "aprof._verl" not in graph["aprof._config"]
+    assert "aprof._config" in graph["aprof.verl._config"]
+    assert not any(m.startswith("aprof.verl") for m in graph["aprof._config.load"])
+
+
+def test_every_import_follows_the_layer_table() -> None:
+    layers = layer_table(ARCHITECTURE.read_text(encoding="utf-8"))
+    assert [layer.name for layer in layers][:2] == ["foundation", "config"]
+    breaks = layer_breaks(ROOT, PACKAGES, layers)
+    assert not breaks, "\n".join(breaks)
+
+
+def test_no_private_name_crosses_a_package() -> None:
+    breaks = private_name_imports(ROOT, PACKAGES)
+    assert not breaks, "\n".join(breaks)
+
+
+def test_the_cli_uses_public_names_and_doors_only() -> None:
+    breaks = cli_reaches_behind_doors(ROOT, PACKAGES)
+    assert not breaks, "\n".join(breaks)
+
+
+def test_the_examples_use_public_names_only() -> None:
+    breaks = example_private_imports(ROOT / "examples")
+    assert not breaks, "\n".join(breaks)
+
+
+def test_at_most_eight_private_modules_lie_flat_in_aprof() -> None:
+    flat = sorted(p.name for p in (ROOT / "aprof").glob("_*.py") if not p.name.startswith("__"))
+    assert len(flat) <= 8, flat
+
+
+@pytest.mark.parametrize(
+    ("file", "planted", "says"),
+    [
+        (
+            "aprof/cli/report.py",
+            "from aprof._report.text import render as _planted",
+            "aprof.cli.report (line {line}): from aprof._report.text import render: "
+            "the CLI uses public names",
+        ),
+        (
+            "aprof/cli/merge.py",
+            "from aprof._errors import describe as _planted",
+            "aprof.cli.merge (line {line}): from aprof._errors import describe: the CLI",
+        ),
+    ],
+)
+def test_a_private_import_planted_in_the_cli_is_named_with_its_line(
+    tmp_path: Path, file: str, planted: str, says: str
+) -> None:
+    for package in PACKAGES:
+        shutil.copytree(
+            ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    assert not cli_reaches_behind_doors(tmp_path, PACKAGES)  # the copy is as clean as main
+    target = tmp_path / file
+    lines = target.read_text(encoding="utf-8").splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("from aprof"))
+    target.write_text("\n".join([*lines[:at], planted, *lines[at:]]) + "\n", encoding="utf-8")
+    breaks = cli_reaches_behind_doors(tmp_path, PACKAGES)
+    assert len(breaks) == 1 and breaks[0].startswith(says.format(line=at + 1)), breaks
 
 
 # --- the reader, on a made-up tree -------------------------------------------------------
@@ -284,3 +500,36 @@ def test_a_cycle_is_shown_in_import_order(tmp_path: Path) -> None:
         "    pkg.a imports pkg.b (line 1)",
         "    pkg.b imports pkg (line 3)",
     ]
+
+
+def test_the_table_is_read_and_a_layer_break_named(tmp_path: Path) -> None:
+    table = (
+        "| layer | where | what it holds | may import |\n"
+        "|---|---|---|---|\n"
+        "| base | `pkg/_base.py` | the base | nothing of the project |\n"
+        "| middle | `pkg/_mid/` | the middle | base |\n"
+        "| top | `pkg/__init__.py`, `pkg/cli/` | the top | middle, base |\n"
+    )
+    layers = layer_table("# Layers\n\n" + table + "\nafter the table\n")
+    assert [(x.name, x.where, set(x.may_import)) for x in layers] == [
+        ("base", ("pkg/_base.py",), set()),
+        ("middle", ("pkg/_mid/",), {"base"}),
+        ("top", ("pkg/__init__.py", "pkg/cli/"), {"middle", "base"}),
+    ]
+    write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "from pkg._mid.a import A\n",
+            "pkg/_base.py": "\nfrom pkg._mid import a\n",  # down to up: a break
+            "pkg/_mid/__init__.py": "",
+            "pkg/_mid/a.py": "from pkg import _base\nA = 1\n",
+            "pkg/cli/__init__.py": "from pkg._mid import a\n",
+            "pkg/stray.py": "",
+        },
+    )
+    assert layer_breaks(tmp_path, ["pkg"], layers) == [
+        "pkg.stray is in no layer of the table",
+        "pkg._base (line 2): import pkg._mid.a: layer 'base' may not import layer 'middle'",
+    ]
+    # The CLI imports a module behind the door of pkg/_mid/.
+    assert cli_reaches_behind_doors(tmp_path, ["pkg"]) == []  # it is pkg.cli, not aprof.cli

@@ -37,6 +37,7 @@ from agentloop import (
     search,
 )
 from aprof import (
+    AprofError,
     CaptureTarget,
     ConfigError,
     Manifest,
@@ -50,7 +51,7 @@ from aprof import (
     merge,
     report,
 )
-from aprof._report_text import summary
+from aprof._report import summary
 from aprof.cli._demo_trainer import TrainerProcess
 from servers import LaunchError, SGLangServer, VLLMServer, launch, launch_spec
 from servers.process import free_port
@@ -138,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-class _ServerError(Exception):
+class _ServerError(AprofError):
     """A server given with ``--server vllm|sglang URL`` cannot be used."""
 
 

@@ -16,8 +16,7 @@ import argparse
 import sys
 
 from aprof import ManifestError
-from aprof._report import collect, with_html
-from aprof._report_text import render
+from aprof._report import collect, render, with_html
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:

@@ -15,7 +15,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from aprof._sharing import Counts, Report, RolloutView
+from aprof._core.sharing import Counts, Report, RolloutView
 
 Answer = Literal["active", "started", "failed", "go"]
 """What a request learns by asking: the window was active; it was due or starting and is now

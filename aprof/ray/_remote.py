@@ -6,21 +6,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from aprof._config import ProfilerConfig, load_config
+from aprof._core.process_timeline import ProcessTimeline
+from aprof._core.sharing import Counts, Report, RolloutView
 from aprof._errors import describe
 from aprof._layout import OutputLayout, check_name
 from aprof._logging import logger
-from aprof._manifest import Clock, TimelineFile
-from aprof._sharing import Counts, Report, RolloutView
 from aprof._timeline.events import SPAN, AttrValue, now_ns
-from aprof._timeline.recorder import BACKEND, NULL_SPAN, Gate, NullSpan, Request, Span
-from aprof._timeline.timeline import Timeline
+from aprof._timeline.recorder import Gate, NullSpan, Request, Span
 from aprof.ray._hub import WATCH_S, Answer
 from aprof.ray._share import ShareHandle
 
@@ -104,10 +101,7 @@ class RemoteProfiler:
         self._watching: asyncio.Task[None] | None = None
         self._closing: asyncio.Task[None] | None = None
         """The close, begun by :meth:`aclose` or by the driver's closing view."""
-        self._host = socket.gethostname()
-        self._root = Path(handle.save_path)
-        self._timeline = self._open_timeline(self._root)
-        self._recorder = None if self._timeline is None else self._timeline.recorder
+        self._timeline = self._open_timeline(Path(handle.save_path))
         self._apply(view)
         self._watch()
 
@@ -121,13 +115,11 @@ class RemoteProfiler:
     def request(self, *, replica: int, request_id: str | None = None) -> Request:
         """The context of one request to ``replica``, as :meth:`aprof.Profiler.request`."""
         self._watch()
-        return Request(self._gate, self._recorder, replica, request_id)
+        return self._timeline.request(self._gate, replica, request_id)
 
     def span(self, name: str, /, **attrs: AttrValue) -> Span | NullSpan:
         """A span on this process's timeline, as :meth:`aprof.Profiler.span`."""
-        if self._recorder is None:
-            return NULL_SPAN
-        return Span(self._recorder, name, attrs, self._gate.step)
+        return self._timeline.span(name, attrs, self._gate.step)
 
     async def aclose(self) -> None:
         """Write this process's timeline and hand its last counts and files to the driver
@@ -146,12 +138,11 @@ class RemoteProfiler:
         if self._watching is not None:
             self._watching.cancel()
             await asyncio.wait({self._watching})  # its report is with the hub, or comes next
-        if self._timeline is not None:
-            try:
-                async with asyncio.timeout(self.config.timeouts.stop_s):
-                    await self._timeline.aclose()
-            except TimeoutError:  # a slow disk: the write goes on in its thread
-                logger.warning("timeline not written in time", process=self.name)
+        try:
+            async with asyncio.timeout(self.config.timeouts.stop_s):
+                await self._timeline.aclose()
+        except TimeoutError:  # a slow disk: the write goes on in its thread
+            logger.warning("timeline not written in time", process=self.name)
         report = self._report()
         if self._gone is not None:
             return
@@ -235,9 +226,8 @@ class RemoteProfiler:
 
     def _mark(self, began: int, key: tuple[int, int], why: str) -> None:
         """Put on the timeline that requests of ``key`` went ungated from now on, and why."""
-        if self._timeline is not None:
-            step, replica = key
-            self._timeline.add((SPAN, UNGATED, began, now_ns(), step, why, "replica", replica))
+        step, replica = key
+        self._timeline.add((SPAN, UNGATED, began, now_ns(), step, why, "replica", replica))
 
     def _count(self, key: tuple[int, int], which: int) -> None:
         counts = self._counts.get(key)
@@ -281,7 +271,7 @@ class RemoteProfiler:
         self._view = view
         self._gate.step, self._gate.live = view.step, view.live
         self._known.clear()  # settled by an older view: the new one may differ (queued → starting)
-        if step_changed and self._timeline is not None:
+        if step_changed:
             self._timeline.flush()
         if view.closing:
             self._close_soon()
@@ -299,7 +289,7 @@ class RemoteProfiler:
     def _report(self) -> Report:
         counts, self._counts = self._counts, {}
         report = Report(counts=[Counts(s, r, *c) for (s, r), c in counts.items()])
-        timeline = self._timeline_files()
+        timeline = [f.model_dump(mode="json") for f in self._timeline.files()]
         if timeline != self._sent_timeline:
             report.timeline = self._sent_timeline = timeline
         return report
@@ -318,35 +308,18 @@ class RemoteProfiler:
 
     # -- this process's timeline ----------------------------------------------------------------
 
-    def _open_timeline(self, root: Path) -> Timeline | None:
+    def _open_timeline(self, root: Path) -> ProcessTimeline:
+        """This process's timeline below ``root``; off when ``root`` cannot be written here."""
         settings = self.config.timeline
-        if not settings.enable:
-            return None
-        try:
-            OutputLayout(root).check_writable()
-        except OSError as exc:
-            logger.warning(
-                "timeline off: save_path not writable here", path=str(root), error=str(exc)
-            )
-            return None
-        clock = Clock(wall_ns=time.time_ns(), monotonic_ns=time.monotonic_ns())
-        return Timeline(capacity=settings.buffer_events, root=root, process=self.name, clock=clock)
-
-    def _timeline_files(self) -> list[dict[str, object]]:
-        if self._timeline is None:
-            return []
-        return [
-            TimelineFile(
-                path=path.relative_to(self._root).as_posix(),
-                process=self.name,
-                bytes=w.bytes,
-                events=w.events,
-                dropped=w.dropped,
-                recorder=BACKEND,
-                host=self._host,
-            ).model_dump(mode="json")
-            for path, w in self._timeline.files()
-        ]
+        if settings.enable:
+            try:
+                OutputLayout(root).check_writable()
+            except OSError as exc:
+                logger.warning(
+                    "timeline off: save_path not writable here", path=str(root), error=str(exc)
+                )
+                settings = settings.model_copy(update={"enable": False})
+        return ProcessTimeline(settings, root=root, process=self.name)
 
 
 def _end_if_cancelled(req: Request) -> Callable[[asyncio.Future[Request]], None]:

@@ -7,11 +7,11 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from aprof._blocking import BlockingProfiler
-from aprof._errors import describe
+from aprof._core import BlockingProfiler, Profiler
+from aprof._core.serving import Serving
+from aprof._core.sharing import Report
+from aprof._errors import UsageError, describe
 from aprof._logging import logger
-from aprof._scheduler import Profiler
-from aprof._sharing import Report
 from aprof.ray._hub import MAX_CALLS, Hub
 
 PULL_S = 10.0
@@ -39,8 +39,8 @@ def share(prof: Profiler | BlockingProfiler) -> ShareHandle:
     """Share ``prof``, open (an async one: in its event loop), with other Ray processes.
 
     Starts the hub actor on this node; the driver's profiler stays the one owner of every
-    window. Raises ``RuntimeError`` outside the profiler's event loop, before it is open or
-    without ``ray.init()``; sharing again returns the same handle.
+    window. Raises ``UsageError`` (a ``RuntimeError``) outside the profiler's event loop,
+    before it is open or without ``ray.init()``; sharing again returns the same handle.
     """
     try:
         import ray
@@ -49,24 +49,25 @@ def share(prof: Profiler | BlockingProfiler) -> ShareHandle:
         raise ImportError(f"{_RAY_NEEDED} ({exc})") from exc
     if isinstance(prof, BlockingProfiler):  # shared from the loop it runs in
         return prof._open_portal().call(share, prof._profiler)
-    if isinstance(prof._link, _DriverLink):
-        return prof._link.handle
+    serving = prof._serving
+    if isinstance(serving.link, _DriverLink):
+        return serving.link.handle
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
-        raise RuntimeError(
+        raise UsageError(
             "aprof.ray.share(prof) runs in the profiler's event loop, inside `async with prof:`"
         ) from None
     if prof._status != "open":
-        raise RuntimeError("aprof.ray.share(prof): open the profiler first (`async with prof:`)")
+        raise UsageError("aprof.ray.share(prof): open the profiler first (`async with prof:`)")
     if not ray.is_initialized():
-        raise RuntimeError("aprof.ray.share(prof): call ray.init() first")
+        raise UsageError("aprof.ray.share(prof): call ray.init() first")
     timeouts = prof.config.timeouts
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
     hub = (
         ray.remote(Hub)
         .options(
-            name=f"aprof-hub-{prof._run_id}",
+            name=f"aprof-hub-{prof.run_id}",
             num_cpus=0,
             max_concurrency=MAX_CALLS,
             scheduling_strategy=here,
@@ -77,20 +78,20 @@ def share(prof: Profiler | BlockingProfiler) -> ShareHandle:
         hub=hub,
         config=prof.config.model_dump(mode="json"),
         save_path=str(prof.save_path),
-        run_id=prof._run_id,
+        run_id=prof.run_id,
     )
-    link = _DriverLink(prof, handle)
-    prof._link = link
+    link = _DriverLink(serving, handle)
+    serving.link = link
     link.changed()
     link.pulling = loop.create_task(link.pull(), name="aprof-hub-pull")
     return handle
 
 
 class _DriverLink:
-    """The profiler's :class:`~aprof._sharing.Link` over the hub."""
+    """The profiler's :class:`~aprof._core.sharing.Link` over the hub."""
 
-    def __init__(self, prof: Profiler, handle: ShareHandle) -> None:
-        self.prof = prof
+    def __init__(self, serving: Serving, handle: ShareHandle) -> None:
+        self.serving = serving
         self.handle = handle
         self.pulling: asyncio.Task[None] | None = None
         self._version = 0
@@ -107,7 +108,7 @@ class _DriverLink:
         if self._gone is not None:
             return
         self._version += 1
-        view = self.prof._rollout_view(self._version)
+        view = self.serving.view(self._version)
         if self._closing:  # a later view must not take back the close
             view = view._replace(closing=True)
         # Not awaited: the hub takes views in version order whatever order they arrive in.
@@ -120,7 +121,7 @@ class _DriverLink:
         if self._gone is not None:
             return
         try:
-            async with asyncio.timeout(self.prof.config.timeouts.connect_s + 1.0):
+            async with asyncio.timeout(self.serving.config.timeouts.connect_s + 1.0):
                 late: list[str] = await self.handle.hub.entered.remote(self._version)
         except TimeoutError:  # slow (starting, say), not gone: the step goes on
             self._log.warning("aprof hub slow: step began before others knew it", step=step)
@@ -129,7 +130,7 @@ class _DriverLink:
             self._lost(exc)
             return
         for name in late:
-            self.prof._note(
+            self.serving.note(
                 step,
                 None,
                 f"{name} did not take step {step} within timeouts.connect_s: steps no longer "
@@ -141,7 +142,7 @@ class _DriverLink:
         the reports."""
         while not self._closing:
             try:
-                async with asyncio.timeout(PULL_S + self.prof.config.timeouts.connect_s):
+                async with asyncio.timeout(PULL_S + self.serving.config.timeouts.connect_s):
                     asks, reports = await self.handle.hub.pull.remote(PULL_S)
             except TimeoutError:
                 continue
@@ -152,10 +153,10 @@ class _DriverLink:
 
     def _deliver(self, asks: list[tuple[int, int]], reports: dict[str, Report]) -> None:
         for step, replica in asks:
-            self.prof._open_for(step, replica)
+            self.serving.open_for(step, replica)
         for name, report in reports.items():
             try:
-                self.prof._take_report(name, report)
+                self.serving.take_report(name, report)
             except Exception as exc:  # a report that does not parse costs itself only
                 self._log.warning("report not taken", process=name, error=describe(exc))
             if report.closed:
@@ -168,7 +169,7 @@ class _DriverLink:
             await self._close_processes()
         try:
             # Not cancelled: a pull cancelled on its way back would lose the mail it took.
-            async with asyncio.timeout(self.prof.config.timeouts.connect_s + 1.0):
+            async with asyncio.timeout(self.serving.config.timeouts.connect_s + 1.0):
                 if self._gone is None:
                     await hub.wake.remote()
                 if self.pulling is not None:
@@ -181,7 +182,7 @@ class _DriverLink:
             _kill(hub)
             return
         try:
-            async with asyncio.timeout(self.prof.config.timeouts.connect_s + 1.0):
+            async with asyncio.timeout(self.serving.config.timeouts.connect_s + 1.0):
                 processes: dict[str, str] = await hub.processes.remote()
                 self._deliver(*await hub.pull.remote(0.0))
         except Exception as exc:
@@ -192,7 +193,7 @@ class _DriverLink:
             _kill(hub)
         for name, state in processes.items():
             if state != "closed" and name not in self._closed:
-                self.prof._note(
+                self.serving.note(
                     None,
                     None,
                     f"{name} did not close its remote profiler ({state}): what it counted "
@@ -202,7 +203,7 @@ class _DriverLink:
     async def _close_processes(self) -> None:
         """Tell the processes that the run closes and wait, at most ``timeouts.connect_s``,
         for each that watches to close its remote profiler (those that do not are noted)."""
-        connect_s = self.prof.config.timeouts.connect_s
+        connect_s = self.serving.config.timeouts.connect_s
         self.changed()  # a closing view: each process's watch returns with it at once
         try:
             async with asyncio.timeout(connect_s + 1.0):
@@ -217,8 +218,8 @@ class _DriverLink:
             return
         self._gone = describe(exc)
         self._log.warning("aprof hub lost", error=self._gone)
-        self.prof._note(
-            self.prof.current_step,
+        self.serving.note(
+            self.serving.current_step,
             None,
             f"the hub shared with other processes is gone ({self._gone}): their requests "
             "are no longer gated or counted",

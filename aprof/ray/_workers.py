@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict
 from typing import Any
 
-from aprof._capture import CaptureFile, WorkerCapture
+from aprof._capture import WorkerCapture
 from aprof._config import ConfigSource
-from aprof._worker import WorkerProfiler
-from aprof._worker_group import LocalWorker, WorkerGroup
+from aprof._errors import TargetError, UsageError
+from aprof._workers import LocalWorker, WorkerGroup, WorkerProfiler
 
 
 class ProfilerMixin:
@@ -48,14 +47,14 @@ class ProfilerMixin:
     def _aprof_local(self) -> LocalWorker:
         worker: LocalWorker | None = getattr(self, "_aprof_worker", None)
         if worker is None:
-            raise RuntimeError("call self.init_profiler(...) in the actor's constructor first")
+            raise UsageError("call self.init_profiler(...) in the actor's constructor first")
         return worker
 
 
 def begin_window(worker: LocalWorker, step: int, rank: int) -> None:
     """Open ``worker``'s window at ``step``, once its rank is the one the driver holds."""
     if worker.rank != rank:
-        raise ValueError(
+        raise TargetError(
             f"the driver holds this actor as rank {rank}, its profiler has rank {worker.rank}"
         )
     worker.begin_step(step)
@@ -63,7 +62,7 @@ def begin_window(worker: LocalWorker, step: int, rank: int) -> None:
 
 def end_window(worker: LocalWorker) -> list[dict[str, Any]]:
     """Close ``worker``'s window; its captures as plain records, which cross to the driver."""
-    return [asdict(c) for c in worker.end_step()]
+    return [c.to_record() for c in worker.end_step()]
 
 
 class _ActorWorker:
@@ -78,7 +77,7 @@ class _ActorWorker:
 
     async def end(self) -> list[WorkerCapture]:
         records: list[dict[str, Any]] = await self.actor.aprof_end.remote()
-        return [_capture(r) for r in records]
+        return [WorkerCapture.from_record(r) for r in records]
 
 
 def worker_group(
@@ -105,8 +104,3 @@ def worker_group(
             )
     handles = [_ActorWorker(actor, rank) for rank, actor in enumerate(actors)]
     return WorkerGroup(role, handles, cfg, name=name)
-
-
-def _capture(record: dict[str, Any]) -> WorkerCapture:
-    files = tuple(CaptureFile(**f) for f in record["files"])
-    return WorkerCapture(**{**record, "files": files})

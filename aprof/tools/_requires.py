@@ -1,13 +1,11 @@
-"""What a capture tool needs of its machine: torch, CUDA, and the error that says it is missing."""
+"""What a capture tool needs of its machine: torch and CUDA (else ``ToolUnavailableError``)."""
 
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
 
-
-class ToolUnavailableError(RuntimeError):
-    """The configured capture tool cannot run on this machine; the message says why."""
+from aprof._errors import ToolUnavailableError
 
 
 def require_torch(tool: str) -> ModuleType:

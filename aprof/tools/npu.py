@@ -9,7 +9,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from aprof.tools._requires import ToolUnavailableError
+from aprof._errors import ToolError, ToolUnavailableError
 from aprof.tools._schedule import MiniBatches, cycle_stem
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ class NPUTool:
         advanced by ``step``.
         """
         if self._profiler is not None:
-            raise RuntimeError("an npu capture is already active")
+            raise ToolError("an npu capture is already active")
         prof = self._npu.profiler
         wanted = set(self.config.contents)
         activities = [
@@ -116,7 +116,7 @@ class NPUTool:
         """Stop the capture (a cycle it cuts short is flushed); the new ``*_ascend_pt``."""
         profiler = self._profiler
         if profiler is None:
-            raise RuntimeError("no npu capture is active")
+            raise ToolError("no npu capture is active")
         self._profiler = None
         profiler.stop()
         mini_batches = self._mini_batches

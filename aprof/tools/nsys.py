@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from aprof._errors import ToolError
 from aprof._layout import size_of
 from aprof.tools._requires import require_cuda
 
@@ -102,7 +103,7 @@ class NsysTool:
         import torch.cuda
 
         if self._before is not None:
-            raise RuntimeError("an nsys capture is already active")
+            raise ToolError("an nsys capture is already active")
         before = set(self.reports.glob(REPORT_GLOB))
         _check("cudaProfilerStart", torch.cuda.cudart().cudaProfilerStart())  # type: ignore[no-untyped-call]
         self._before, self.note = before, None
@@ -113,7 +114,7 @@ class NsysTool:
 
         before = self._before
         if before is None:
-            raise RuntimeError("no nsys capture is active")
+            raise ToolError("no nsys capture is active")
         self._before = None
         # Kernels still queued would fall outside the range.
         torch.cuda.synchronize()
@@ -172,4 +173,4 @@ def is_report_of(name: str, pid: int) -> bool:
 def _check(call: str, status: int) -> None:
     # cudaError.success is 0; any other value is a CUDA error code.
     if status != 0:
-        raise RuntimeError(f"{call} failed with CUDA error {status}")
+        raise ToolError(f"{call} failed with CUDA error {status}")

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aprof._errors import ToolError
 from aprof._safe_files import vacant
 from aprof.tools._requires import require_torch
 from aprof.tools._schedule import MiniBatches, cycle_stem
@@ -73,10 +74,10 @@ class TorchTool:
 
         global _active
         if self._profiler is not None:
-            raise RuntimeError("a torch capture is already active")
+            raise ToolError("a torch capture is already active")
         if _active is not None:
             # Two torch.profiler captures in one process end each other and then crash it.
-            raise RuntimeError("another torch capture is active in this process")
+            raise ToolError("another torch capture is active in this process")
         wanted = set(self.config.contents)
         schedule = self.config.schedule if scheduled else None
         mini_batches = MiniBatches(schedule) if schedule is not None else None
@@ -106,7 +107,7 @@ class TorchTool:
         """Stop the capture and export what it recorded (torch gzips a ``.gz`` path itself)."""
         profiler = self._profiler
         if profiler is None:
-            raise RuntimeError("no torch capture is active")
+            raise ToolError("no torch capture is active")
         global _active
         # Cleared first: torch.profiler crashes the process on a second stop().
         self._profiler = None

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from aprof._errors import ToolError
 from aprof._safe_files import vacant
 from aprof.tools._requires import require_cuda
 
@@ -45,7 +46,7 @@ class TorchMemoryTool:
         import torch.cuda.memory
 
         if self._dir is not None:
-            raise RuntimeError("a torch_memory capture is already active")
+            raise ToolError("a torch_memory capture is already active")
         dir.mkdir(parents=True, exist_ok=True)
         cfg = self.config
         torch.cuda.memory._record_memory_history(
@@ -60,7 +61,7 @@ class TorchMemoryTool:
 
         dir, stem = self._dir, self._stem
         if dir is None:
-            raise RuntimeError("no torch_memory capture is active")
+            raise ToolError("no torch_memory capture is active")
         self._dir = None
         path = dir / f"{stem}.pickle"
         try:

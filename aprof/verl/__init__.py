@@ -10,8 +10,8 @@
 - ``profiled_worker(worker_cls, cfg, role=...)`` and ``worker_group(wg, role, cfg)``: verl's
   ``@DistProfiler.annotate`` stages of a ``@register`` worker group captured by aprof.
 
-``import aprof.verl`` does not import verl: the client and worker names import it when first
-used (``pip install verl`` next to aprof).
+``import aprof.verl`` imports neither verl nor ``aprof.ray``: the trainer, client and worker
+names import what they need when first used (``pip install verl`` next to aprof).
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 from aprof._config import ProfilerConfig, read_config_file
 from aprof._errors import ConfigError
-from aprof._verl import STAGES, map_verl
-from aprof.verl._trainer import ProfiledTrainerMixin
+from aprof.verl._config import STAGES, map_verl
 
 if TYPE_CHECKING:
     from aprof.verl._agent_loops import ProfiledAgentLoopManager
     from aprof.verl._client import ProfiledClientMixin, ProfiledLLMServerClient
+    from aprof.verl._trainer import ProfiledTrainerMixin
     from aprof.verl._workers import profiled_worker, worker_group
 
 __all__ = [
@@ -44,6 +44,8 @@ __all__ = [
     "worker_group",
 ]
 
+_TRAINER = "aprof.verl._trainer"
+"""Needs ``aprof.ray`` (verl's trainer shares the profiler with its agent loops), not verl."""
 _NEEDS_VERL = {
     "ProfiledAgentLoopManager": "aprof.verl._agent_loops",
     "ProfiledClientMixin": "aprof.verl._client",
@@ -55,6 +57,8 @@ _NEEDS_VERL = {
 
 def __getattr__(name: str) -> Any:
     # verl (and torch, Ray) load only when a verl-side name is used.
+    if name == "ProfiledTrainerMixin":
+        return importlib.import_module(_TRAINER).ProfiledTrainerMixin
     module = _NEEDS_VERL.get(name)
     if module is None:
         raise AttributeError(f"module 'aprof.verl' has no attribute {name!r}")

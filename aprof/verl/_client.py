@@ -14,8 +14,9 @@ from typing import Any
 
 from verl.workers.rollout.llm_server import LLMServerClient
 
+from aprof._errors import TargetError
 from aprof._logging import logger
-from aprof._sharing import RolloutProfiler
+from aprof.abc import RolloutProfiler
 from aprof.ray._remote import connect
 from aprof.ray._share import ShareHandle
 
@@ -156,6 +157,6 @@ def _indexed(addresses: Sequence[str]) -> dict[str, int]:
     index: dict[str, int] = {}
     for replica, address in enumerate(addresses):
         if not isinstance(address, str) or address in index:
-            raise ValueError(f"replicas[{replica}] must be a new server address, got {address!r}")
+            raise TargetError(f"replicas[{replica}] must be a new server address, got {address!r}")
         index[address] = replica
     return index

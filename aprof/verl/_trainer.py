@@ -16,7 +16,7 @@ from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from typing import Any, NamedTuple
 
-from aprof._blocking import BlockingProfiler
+from aprof._core import BlockingProfiler
 from aprof._errors import describe
 from aprof._logging import logger
 from aprof.ray._share import ShareHandle, share

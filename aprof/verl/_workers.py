@@ -24,11 +24,11 @@ from verl.utils.profiler import (
 
 from aprof._capture import WorkerCapture
 from aprof._config import ConfigSource, load_config
+from aprof._errors import UsageError
 from aprof._layout import check_name
 from aprof._logging import logger
-from aprof._worker import WorkerProfiler
-from aprof._worker_group import LocalWorker, WorkerGroup
-from aprof.ray._workers import _capture, begin_window, end_window
+from aprof._workers import LocalWorker, WorkerGroup, WorkerProfiler
+from aprof.ray._workers import begin_window, end_window
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -177,7 +177,7 @@ class AprofWorkerMixin:
 
     def _aprof_local(self) -> LocalWorker:
         if self._aprof_worker is None:
-            raise RuntimeError(f"aprof's profiler of this worker failed: {self._aprof_error}")
+            raise UsageError(f"aprof's profiler of this worker failed: {self._aprof_error}")
         return self._aprof_worker
 
     def _aprof_share_profiler(self) -> None:
@@ -244,7 +244,7 @@ class _VerlWorker:
         records: list[dict[str, Any]] = await self._wg._execute_remote_single_worker(
             self._worker, self._end
         )
-        return [_capture(r) for r in records]
+        return [WorkerCapture.from_record(r) for r in records]
 
 
 def worker_group(wg: Any, role: str, cfg: ConfigSource, *, name: str | None = None) -> WorkerGroup:

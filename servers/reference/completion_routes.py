@@ -16,6 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
+from aprof import AprofError
 from servers.reference.engine import Sequence, SequenceFailed
 from servers.reference.errors import openai_error
 from servers.reference.prompts import BadPrompt, parse
@@ -28,7 +29,7 @@ REQUEST_ID_HEADER = "X-Request-Id"
 """The client's request id, named in the forward steps that serve the request."""
 
 
-class _BadRequest(Exception):
+class _BadRequest(AprofError):
     """The request body is unusable; the message says why."""
 
 

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import structlog
 
+from aprof import AprofError
+
 if TYPE_CHECKING:
     from servers.reference.model import TinyLM
 
@@ -61,7 +63,7 @@ StepHook = Callable[[StepInfo], None]
 """Called on the engine thread before an iteration's forward; may block it (a trace export)."""
 
 
-class SequenceFailed(Exception):
+class SequenceFailed(AprofError):
     """The sequence ended unfinished: the engine shut down or its iteration failed."""
 
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from aprof import AprofError
 from servers.reference.tokenizer import VOCAB, encode
 
 Prompts = tuple[list[list[int]], bool]
 """The token IDs of each prompt, and whether the request gave one prompt (not a list)."""
 
 
-class BadPrompt(ValueError):
+class BadPrompt(AprofError, ValueError):
     """A prompt field is unusable; the message names the field and says why."""
 
 

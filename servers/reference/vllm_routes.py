@@ -24,6 +24,7 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from aprof import AprofError
 from servers.reference.engine import Sequence
 from servers.reference.errors import internal_error, openai_error
 from servers.reference.frontend_trace import FrontendTrace
@@ -53,7 +54,7 @@ class _StartBody(BaseModel):
     profiler_kwargs: Any = None  # a field from 0.33 on; before, an ignored unknown field
 
 
-class _BadStart(Exception):
+class _BadStart(AprofError):
     def __init__(self, message: str, param: str | None) -> None:
         super().__init__(message)
         self.param = param

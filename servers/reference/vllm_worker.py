@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from aprof import AprofError
 from servers.reference.engine import StepInfo
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 logger = structlog.get_logger("servers.reference")
 
 
-class ProfilerNotRunning(RuntimeError):
+class ProfilerNotRunning(AprofError, RuntimeError):
     """A raw (era A) torch profiler was stopped without running: vLLM answers 500."""
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +74,24 @@ async def serve_replica(**fields: Any) -> AsyncIterator[Replica]:
         yield replica
     finally:
         await (replica.stop() if replica is not None else runner.cleanup())
+
+
+@contextlib.asynccontextmanager
+async def serve_handler(
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> AsyncIterator[str]:
+    """A scripted replica (a misbehaving server or proxy): ``handler`` answers every POST, on
+    a free 127.0.0.1 port. Yields its base URL."""
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
 
 
 class Stall:

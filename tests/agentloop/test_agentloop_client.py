@@ -8,7 +8,7 @@ import re
 from collections.abc import Sequence
 
 import pytest
-from agentloop_replicas import ReplicaFactory, Stall
+from agentloop_replicas import ReplicaFactory, Stall, serve_handler
 from aiohttp import web
 
 from agentloop import Api, LLMClient, LLMError
@@ -211,24 +211,13 @@ async def test_malformed_answers_are_response_errors() -> None:
         await response.write_eof()  # no [DONE]
         return response
 
-    app = web.Application()
-    app.router.add_post("/v1/completions", broken)
-    app.router.add_post("/generate", broken)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        async with asyncio.timeout(LIMIT_S):
-            async with LLMClient([url], api="sglang") as llm:
-                with pytest.raises(LLMError, match="no 'text' string") as whole:
-                    await llm.generate("hi", max_tokens=2)
-            async with LLMClient([url], stream=True) as llm:
-                with pytest.raises(LLMError, match=r"without \[DONE\]") as streamed:
-                    await llm.generate("hi", max_tokens=2)
-    finally:
-        await runner.cleanup()
+    async with asyncio.timeout(LIMIT_S), serve_handler(broken) as url:
+        async with LLMClient([url], api="sglang") as llm:
+            with pytest.raises(LLMError, match="no 'text' string") as whole:
+                await llm.generate("hi", max_tokens=2)
+        async with LLMClient([url], stream=True) as llm:
+            with pytest.raises(LLMError, match=r"without \[DONE\]") as streamed:
+                await llm.generate("hi", max_tokens=2)
     assert whole.value.kind == streamed.value.kind == "response"
 
 

@@ -367,8 +367,6 @@ fields = st.sampled_from(KEYS)
 GENERATED = settings(
     max_examples=150,
     deadline=None,
-    database=None,
-    derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 

@@ -11,7 +11,7 @@ import pytest
 
 import aprof
 import aprof.ray
-from aprof._sharing import Counts, RemotePhase, Report, RolloutView
+from aprof._core.sharing import Counts, RemotePhase, Report, RolloutView
 from aprof.ray._hub import Hub
 
 MakeConfig = Callable[..., aprof.ProfilerConfig]

@@ -27,8 +27,8 @@ from aiohttp import web
 
 import aprof
 from aprof.testing import assert_windows
-from servers import ServerError, SGLangServer, VLLMServer
-from servers._http import AnswerTooLargeError, metric_total
+from servers import AnswerTooLargeError, ServerError, SGLangServer, VLLMServer
+from servers._http import metric_total
 
 TIMEOUTS = {"start_s": 30, "stop_s": 30, "poll_s": 0.005, "connect_s": 5}
 METRIC = {"vllm": "vllm:iteration_tokens_total_count", "sglang": "sglang:cuda_graph_passes_total"}

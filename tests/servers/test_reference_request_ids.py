@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import pytest
 
-from aprof._merge_flows import request_ids
+from aprof._merge.flows import request_ids
 from servers.reference import ReferenceServer
 from servers.reference.engine import MAX_NAMED_IDS, REQUESTS_RECORD, Sequence, _requests_record
 from servers.reference.trace_files import load_trace

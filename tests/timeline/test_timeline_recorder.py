@@ -771,14 +771,14 @@ async def test_a_request_records_replica_id_step_flags_tokens_and_note(
     """Through the profiler's own recorder, read before the step's end takes it, and through
     a recorder and gate of the test's own."""
     async with aprof.Profiler(make_config()) as prof:
-        assert prof._recorder is not None
+        assert prof._timeline.recorder is not None
         async with prof.step(1):
             before = time.monotonic_ns()
             async with prof.request(replica=0, request_id="r1") as req:
                 req.forward(tokens=5)
                 req.captured = True
             after = time.monotonic_ns()
-            [(kind, begin, end, *rest)] = taken(prof._recorder)
+            [(kind, begin, end, *rest)] = taken(prof._timeline.recorder)
             assert kind == REQUEST
             assert before <= begin <= end <= after
             assert rest == [0, "r1", 1, False, True, 5, None]
@@ -818,7 +818,7 @@ async def test_a_request_ended_at_close_is_recorded_once(impl: Impl) -> None:
 
 async def test_a_request_with_the_timeline_off_records_nothing(make_config: MakeConfig) -> None:
     async with aprof.Profiler(make_config(timeline={"enable": False})) as prof:
-        assert prof._recorder is None
+        assert prof._timeline.recorder is None
         async with prof.step(1), prof.request(replica=0, request_id="off") as req:
             req.forward(3)
         assert (req.step, req.tokens) == (1, 3)
@@ -831,15 +831,15 @@ async def test_a_gate_that_raises_ends_the_request_once_with_the_exception_type(
     """A real failure of the profiler's ``_admit``: a replica that cannot be looked up (a list)
     while the step has rollout windows. No ``__aexit__`` follows, so ``__aenter__`` records it."""
     async with aprof.Profiler(make_config()) as prof:
-        assert prof._recorder is not None
+        assert prof._timeline.recorder is not None
         async with prof.step(1):
             req = prof.request(replica=[0], request_id="bad")  # type: ignore[arg-type]
             with pytest.raises(TypeError, match="unhashable"):
                 async with req:
                     pytest.fail("the body of a request that failed to enter ran")
-            assert req not in prof._recorder.open
+            assert req not in prof._timeline.recorder.open
             req._end(time.monotonic_ns(), "again")
-            requests = [e for e in taken(prof._recorder) if e[0] == REQUEST]
+            requests = [e for e in taken(prof._timeline.recorder) if e[0] == REQUEST]
             assert [e[3:] for e in requests] == [("[0]", "bad", 1, False, False, 0, "TypeError")]
 
 
@@ -851,15 +851,15 @@ async def test_a_gated_request_whose_capture_fails_in_strict_mode_ends_once(
     target = RecordingTarget("replica_0", replica=0, fail_start=True)
     async with aprof.Profiler(make_config(strict=True)) as prof:
         prof.add_target(target)
-        assert prof._recorder is not None
+        assert prof._timeline.recorder is not None
         async with prof.step(1):
             req = prof.request(replica=0, request_id="gated")
             with pytest.raises(aprof.CaptureError):
                 async with req:
                     pytest.fail("the body of a request that failed to enter ran")
-            assert req not in prof._recorder.open
+            assert req not in prof._timeline.recorder.open
             assert (req.gated, req.captured) == (True, False)
-            requests = [e for e in taken(prof._recorder) if e[0] == REQUEST]
+            requests = [e for e in taken(prof._timeline.recorder) if e[0] == REQUEST]
             assert [e[3:] for e in requests] == [(0, "gated", 1, True, False, 0, "CaptureError")]
 
 

@@ -619,7 +619,7 @@ def test_double_unscheduled_start_ignores_the_schedule(
 def test_double_worker_profiler_schedules_the_named_stage_only(
     calls: Calls, make_config: MakeConfig
 ) -> None:
-    from aprof._worker import WorkerProfiler
+    from aprof._workers import WorkerProfiler
 
     cfg = make_config(
         global_profiler={"tool": "npu"},

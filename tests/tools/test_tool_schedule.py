@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import aprof
+import aprof.verl
 from aprof import ConfigError
 from aprof._config import ScheduleConfig
 from aprof.tools._schedule import MiniBatches
@@ -129,9 +130,9 @@ def verl(schedule: object, tool: str = "torch") -> dict[str, Any]:
     }
 
 
-def test_from_verl_maps_the_torch_schedule() -> None:
+def test_verl_load_maps_the_torch_schedule() -> None:
     schedule = {"skip_first": 2, "wait": 1, "warmup": 1, "active": 3, "repeat": 2}
-    mapped = aprof.from_verl(verl(schedule)).tool_config.torch.schedule
+    mapped = aprof.verl.load(verl(schedule)).config.tool_config.torch.schedule
     assert mapped == ScheduleConfig(**schedule, stages=["actor_update"])
 
 
@@ -144,8 +145,8 @@ def test_from_verl_maps_the_torch_schedule() -> None:
         ({"active": 2}, "npu"),  # verl schedules torch only
     ],
 )
-def test_from_verl_schedule_off(schedule: object, tool: str) -> None:
-    cfg = aprof.from_verl(verl(schedule, tool))
+def test_verl_load_schedule_off(schedule: object, tool: str) -> None:
+    cfg = aprof.verl.load(verl(schedule, tool)).config
     assert (cfg.tool_config.torch.schedule, cfg.tool_config.npu.schedule) == (None, None)
 
 
@@ -157,9 +158,9 @@ def test_from_verl_schedule_off(schedule: object, tool: str) -> None:
         (3, VERL_SCHEDULE, "expected a mapping, got 3"),
     ],
 )
-def test_from_verl_schedule_errors_name_the_verl_key(
+def test_verl_load_schedule_errors_name_the_verl_key(
     schedule: object, key: str, reason: str
 ) -> None:
     with pytest.raises(ConfigError) as caught:
-        aprof.from_verl(verl(schedule))
+        aprof.verl.load(verl(schedule))
     assert (caught.value.key, caught.value.reason) == (key, reason)

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 import aprof
-from aprof.tools import CaptureTool, make_tool
+from aprof.abc import CaptureTool
+from aprof.tools import make_tool
 
 torch = pytest.importorskip("torch")
 

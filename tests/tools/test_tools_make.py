@@ -9,7 +9,8 @@ from collections.abc import Callable
 import pytest
 
 import aprof
-from aprof.tools import CaptureTool, ToolUnavailableError, make_tool
+from aprof.abc import CaptureTool
+from aprof.tools import ToolUnavailableError, make_tool
 
 MakeConfig = Callable[..., aprof.ProfilerConfig]
 

@@ -10,7 +10,6 @@ import pytest
 
 import aprof
 import aprof.ray
-from aprof.ray._workers import _capture
 
 MakeConfig = Callable[..., aprof.ProfilerConfig]
 
@@ -37,7 +36,7 @@ def test_mixin_begin_and_end_return_plain_records(make_config: MakeConfig) -> No
     records = worker.aprof_end()
 
     json.dumps(records)  # plain data: any pickler, any version of aprof's classes
-    (capture,) = [_capture(r) for r in records]
+    (capture,) = [aprof.WorkerCapture.from_record(r) for r in records]
     assert capture == worker.profiler.captures[0]
     assert (capture.step, capture.rank, capture.state) == (2, 1, "done")
     assert capture.files[0].path == "step_2/actor/rank_1/actor-step2-rank1.pt.trace.json.gz"

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import aprof
-from aprof._worker import CAPTURES_FILE
+from aprof._workers import CAPTURES_FILE
 
 MakeConfig = Callable[..., aprof.ProfilerConfig]
 Behaviour = Literal["ok", "raise_begin", "hang_begin", "raise_end", "hang_end"]
@@ -153,7 +153,7 @@ async def test_every_rank_failing_to_begin_fails_the_window(make_config: MakeCon
     (window,) = manifest.windows
     assert (window.state, window.stop_reason) == ("failed", "error")
     assert window.error == (
-        "start failed: RuntimeError: no rank began: "
+        "start failed: WorkerGroupError: no rank began: "
         "rank 0: begin failed: RuntimeError: rank 0 cannot begin; "
         f"rank 1: begin timed out after {0.9 * FAST['start_s']:g}s"
     )
@@ -168,7 +168,7 @@ async def test_every_rank_failing_to_end_fails_the_window(make_config: MakeConfi
     (window,) = manifest.windows
     assert window.state == "failed"
     assert window.error is not None and window.error.startswith(
-        "stop failed: RuntimeError: every rank failed: rank 0: end timed out"
+        "stop failed: WorkerGroupError: every rank failed: rank 0: end timed out"
     )
     assert "rank 1: begin failed" in window.error and "rank 2: end failed" in window.error
 
@@ -196,7 +196,7 @@ async def test_a_group_with_no_selected_rank_fails_its_windows(make_config: Make
 
     (window,) = manifest.windows
     assert window.error == (
-        "start failed: RuntimeError: roles.actor selects none of the group's ranks (0, 1)"
+        "start failed: WorkerGroupError: roles.actor selects none of the group's ranks (0, 1)"
     )
     assert [w.calls for w in workers] == [[], []]
 

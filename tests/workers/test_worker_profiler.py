@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import aprof
-from aprof._worker import CAPTURES_FILE, WorkerProfiler, staged
+from aprof._workers import CAPTURES_FILE, WorkerProfiler, staged
 
 MakeConfig = Callable[..., aprof.ProfilerConfig]
 
@@ -335,7 +335,7 @@ def test_captures_json_lists_every_capture_of_its_folder(make_config: MakeConfig
 
 
 def test_importing_the_worker_module_leaves_torch_alone() -> None:
-    code = "import sys, aprof._worker; print('torch' in sys.modules)"
+    code = "import sys, aprof._workers.profiler; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "False", done.stderr
 

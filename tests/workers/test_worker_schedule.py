@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import aprof
-from aprof._worker import CAPTURES_FILE, WorkerProfiler
+from aprof._workers import CAPTURES_FILE, WorkerProfiler
 
 torch = pytest.importorskip("torch")
 

@@ -1,0 +1,104 @@
+"""Requests entering the open step: each counted into its replica's window, the step's first
+request to a replica opening it (``start: on_first_request``), and waiting while it starts.
+
+A request learns what it needs through one object, the :class:`Gate` (the step now open,
+whether it has rollout windows, and :meth:`Admission.admit`): the recorder, C or Python, reads
+nothing else of the profiler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+
+from aprof._config import ProfilerConfig
+from aprof._core.targets import Targets
+from aprof._core.window import WindowRun
+from aprof._core.windows import Windows
+from aprof._manifest import StopReason
+from aprof._timeline.events import now_ns
+from aprof._timeline.recorder import Gate, Request
+
+
+class Admission:
+    """The rollout windows of the open step, and the gate requests enter through."""
+
+    def __init__(self, config: ProfilerConfig, targets: Targets, windows: Windows) -> None:
+        self._config = config
+        self._targets = targets
+        self._windows = windows
+        self._on_first_request = config.rollout.start == "on_first_request"
+        self.gate = Gate(self.admit)
+        """What requests read as they enter."""
+        self.windows: dict[int, WindowRun] = {}
+        """This step's rollout windows, by replica."""
+
+    def begin(self, step: int) -> None:
+        """Step ``step`` is open."""
+        self.gate.step = step
+
+    def open_rollouts(self, *, all_now: bool) -> list[WindowRun]:
+        """The step has rollout windows: requests are admitted from now on; with ``all_now``
+        (``start: on_step``) every selected replica's window opens now, and is returned."""
+        self.gate.live = True
+        if not all_now:
+            return []
+        opened = (self.window_of(r) for r in self._targets.selected_replicas())
+        return [run for run in opened if run is not None]
+
+    def end(self, step: int, reason: StopReason) -> list[WindowRun]:
+        """Close step ``step``'s rollout windows for ``reason`` and record a skipped one for
+        each selected replica no request reached; returns those closed."""
+        closed = list(self.windows.values())
+        for run in closed:
+            self._windows.close(run, reason)
+        if self.gate.live:
+            for replica in self._targets.selected_replicas():
+                if replica not in self.windows:
+                    machine = self._targets.by_replica[replica]
+                    self._windows.skip(machine, step, f"no request reached replica {replica}")
+        self.windows = {}
+        self.gate.live = False
+        self.gate.step = None
+        return closed
+
+    def admit(self, req: Request) -> Awaitable[Request] | None:
+        """Count ``req`` into its replica's window (``Request`` lets it go itself outside a
+        step with rollout windows): ``None`` if it may go now, else what it awaits first,
+        the window's start."""
+        run = self.windows.get(req.replica)
+        if run is None and self._on_first_request:
+            run = self.window_of(req.replica)
+        if run is None or not run.admit(req):
+            return None
+        return self._after_start(req, run)
+
+    async def _after_start(self, req: Request, run: WindowRun) -> Request:
+        try:
+            # Bounded without a timer per request: a starting window's start task is bounded
+            # by start_s and sets `started` whatever its outcome (cancellation included).
+            await run.started.wait()
+            req.captured = run.active
+            self._windows.raise_if_strict([run])
+        except BaseException as exc:  # no __aexit__ follows a failed __aenter__
+            req._end(now_ns(), type(exc).__name__)
+            raise
+        return req
+
+    def window_of(self, replica: int) -> WindowRun | None:
+        """The window of ``replica`` for the open step, opened now if it is due."""
+        run = self.windows.get(replica)
+        if run is not None:
+            return run
+        machine = self._targets.by_replica.get(replica)
+        step = self.gate.step
+        if machine is None or step is None or not self._config.rollout.selects(replica):
+            return None
+        self.windows[replica] = run = self._windows.open(machine, step)
+        return run
+
+    def open_for(self, step: int, replica: int) -> WindowRun | None:
+        """Another process's first request of ``step`` to ``replica``: its window, opened
+        now if it is due, as a request of this process would open it."""
+        if step == self.gate.step and self.gate.live and self._on_first_request:
+            return self.window_of(replica)
+        return None

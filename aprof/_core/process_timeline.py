@@ -1,0 +1,122 @@
+"""One process's timeline as a profiler holds it: spans and requests recorded into it, its
+writes, and its files as the manifest lists them.
+
+The driver's :class:`~aprof.Profiler` and every other process's ``RemoteProfiler``
+(``aprof.ray``) each hold one; with ``timeline.enable: false`` it records nothing and lists
+no file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from aprof._config import TimelineConfig
+from aprof._manifest import Clock, TimelineFile, WindowRecord
+from aprof._timeline.events import AttrValue, Event
+from aprof._timeline.recorder import BACKEND, NULL_SPAN, Gate, NullSpan, Request, Span
+from aprof._timeline.timeline import Timeline
+
+
+class ProcessTimeline:
+    """The timeline of one process below ``root`` (``save_path``), named ``process``."""
+
+    def __init__(
+        self,
+        settings: TimelineConfig,
+        *,
+        root: Path,
+        process: str,
+        clock: Clock | None = None,
+        on_written: Callable[[], None] | None = None,
+    ) -> None:
+        """``on_written`` runs in the event loop each time a write handed over by
+        :meth:`flush` is on disk (the files have changed)."""
+        self.process = process
+        self._on_written = on_written
+        self._root = root
+        self._host = socket.gethostname()
+        """This machine, as the manifest names it beside each timeline file."""
+        clock = clock or Clock(wall_ns=time.time_ns(), monotonic_ns=time.monotonic_ns())
+        self.timeline = (
+            Timeline(capacity=settings.buffer_events, root=root, process=process, clock=clock)
+            if settings.enable
+            else None
+        )
+        self.recorder = None if self.timeline is None else self.timeline.recorder
+        """Where spans and requests record themselves; ``None`` when the timeline is off."""
+
+    def request(self, gate: Gate, replica: int, request_id: str | None) -> Request:
+        """A request to ``replica`` entering through ``gate``, recorded when it ends."""
+        return Request(gate, self.recorder, replica, request_id)
+
+    def span(self, name: str, attrs: dict[str, AttrValue], step: int | None) -> Span | NullSpan:
+        """A span named ``name`` of ``step``, recorded when it ends (a no-op when off)."""
+        if self.recorder is None:
+            return NULL_SPAN
+        return Span(self.recorder, name, attrs, step)
+
+    def add(self, event: Event) -> None:
+        """Record ``event`` as it is."""
+        if self.timeline is not None:
+            self.timeline.add(event)
+
+    def step(self, n: int, selected: bool, begin_ns: int) -> None:
+        """Record global step ``n``, begun at ``begin_ns`` and ending now."""
+        if self.timeline is not None:
+            self.timeline.step(n, selected, begin_ns)
+
+    def window(self, record: WindowRecord, event: str) -> None:
+        """Record a move of ``record``'s window (``event`` names its new phase)."""
+        if self.timeline is not None:
+            self.timeline.window(record, event)
+
+    def flush(self) -> None:
+        """Have what was recorded written, without waiting."""
+        timeline = self.timeline
+        future = None if timeline is None else timeline.flush()
+        written = self._on_written
+        if future is None or written is None:
+            return
+        loop = asyncio.get_running_loop()
+
+        def soon(_: object) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed
+                loop.call_soon_threadsafe(written)
+
+        future.add_done_callback(soon)
+
+    async def write_now(self) -> None:
+        """Write what was recorded and wait for it (errors are logged, not raised)."""
+        if self.timeline is not None:
+            await self.timeline.write_now()
+            if self._on_written is not None:
+                self._on_written()
+
+    async def aclose(self) -> None:
+        """End what is still open, write the file a last time and stop its writer."""
+        if self.timeline is not None:
+            await self.timeline.aclose()
+            if self._on_written is not None:
+                self._on_written()
+
+    def files(self) -> list[TimelineFile]:
+        """Each part of the timeline written so far, as the manifest lists it."""
+        if self.timeline is None:
+            return []
+        return [
+            TimelineFile(
+                path=path.relative_to(self._root).as_posix(),
+                process=self.process,
+                bytes=written.bytes,
+                events=written.events,
+                dropped=written.dropped,
+                recorder=BACKEND,
+                host=self._host,
+            )
+            for path, written in self.timeline.files()
+        ]

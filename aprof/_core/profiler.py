@@ -1,0 +1,278 @@
+"""The profiler: the public API of one run, and the collaborators it is made of.
+
+- ``targets.py``: the capture targets and what the config selects of them;
+- ``windows.py``: opening and closing windows, and telling everyone of their moves;
+- ``window.py``: one window's life (its phases and the moves between them);
+- ``target_machine.py``: one target driven through its windows: start, poll, stop;
+- ``steps.py``: entering and leaving global steps;
+- ``admission.py``: requests entering the open step, gated while their window starts;
+- ``disk_guard.py``: no capture starts while the manifest cannot be written;
+- ``process_timeline.py``: this process's timeline;
+- ``serving.py``: what other processes see and send (``aprof.ray``).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import TracebackType
+from typing import Literal
+
+import structlog
+
+from aprof._config import ProfilerConfig, load_config
+from aprof._core.admission import Admission
+from aprof._core.disk_guard import DiskGuard
+from aprof._core.process_timeline import ProcessTimeline
+from aprof._core.serving import Serving
+from aprof._core.steps import Steps
+from aprof._core.target_machine import TargetMachine
+from aprof._core.targets import Targets
+from aprof._core.windows import Windows, wait
+from aprof._errors import ConfigError, UsageError
+from aprof._layout import OutputLayout
+from aprof._logging import configure_logging, logger
+from aprof._manifest import Clock, Manifest, ManifestFiles
+from aprof._timeline.events import AttrValue
+from aprof._timeline.recorder import NullSpan, Request, Span
+from aprof.abc import CaptureTarget
+
+
+class Profiler:
+    """Opens, starts and stops the captures of the selected global steps, exactly once each.
+
+    Use it as ``async with Profiler(cfg) as prof:``; inside, ``async with prof.step(n):``
+    for each global step and ``async with prof.request(replica=r):`` around each request;
+    ``prof.span(name, **attrs)`` records turns and tool calls on the timeline.
+    """
+
+    def __init__(
+        self, config: ProfilerConfig | Mapping[str, object] | str | os.PathLike[str] | None = None
+    ) -> None:
+        self.config = load_config(config)
+        """The resolved configuration."""
+        cfg = self.config
+        if not structlog.is_configured():
+            configure_logging(cfg.log.format, cfg.log.level)
+        self._layout = layout = OutputLayout(cfg.global_profiler.save_path)
+        self.run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+        """This run's identifier, as its manifest and its timelines name it."""
+        self._manifest = Manifest(
+            run_id=self.run_id,
+            clock=Clock(wall_ns=time.time_ns(), monotonic_ns=time.monotonic_ns()),
+            save_path=str(layout.root),
+            config=cfg.model_dump(mode="json"),
+        )
+        self._status: Literal["new", "open", "closed"] = "new"
+        self._log = log = logger.bind(run_id=self.run_id)
+        self._files = files = ManifestFiles(
+            self._manifest,
+            layout,
+            on_trouble=self._disk_trouble,
+            before_write=self._write_counts,
+        )
+        self._guard = DiskGuard(files, log)
+        self._disk = ThreadPoolExecutor(1, thread_name_prefix="aprof-disk")
+        """Makes window folders and sizes their files: one thread, so that many windows at
+        once do not crowd the event loop's thread out of the GIL."""
+        self._timeline = ProcessTimeline(
+            cfg.timeline,
+            root=layout.root,
+            process=cfg.timeline.process or f"driver-{os.getpid()}",
+            clock=self._manifest.clock,
+            on_written=self._timeline_written,
+        )
+        self._targets = Targets(cfg, self._machine, log)
+        self._windows = Windows(
+            cfg,
+            targets=self._targets,
+            layout=layout,
+            run_id=self.run_id,
+            files=files,
+            timeline=self._timeline,
+            refused=self._guard.refused,
+            on_rollout_change=self._rollout_changed,
+            log=log,
+        )
+        self._admission = Admission(cfg, self._targets, self._windows)
+        self._serving = Serving(
+            cfg,
+            targets=self._targets,
+            windows=self._windows,
+            admission=self._admission,
+            files=files,
+        )
+        """What other processes reach of this profiler once it is shared (``aprof.ray``)."""
+        self._steps = Steps(
+            cfg,
+            targets=self._targets,
+            windows=self._windows,
+            admission=self._admission,
+            guard=self._guard,
+            timeline=self._timeline,
+            serving=self._serving,
+        )
+
+    # -- public API -------------------------------------------------------------------------
+
+    @property
+    def manifest(self) -> Manifest:
+        """The live manifest of this run, with the windows of its latest steps (all of them
+        until it holds 2,000; ``aprof.load_manifest(save_path)`` reads every one back)."""
+        return self._manifest
+
+    @property
+    def save_path(self) -> Path:
+        """The absolute folder everything of this run is written into."""
+        return self._layout.root
+
+    @property
+    def current_step(self) -> int | None:
+        """The global step now open, if any."""
+        return self._steps.current
+
+    def add_target(self, target: CaptureTarget) -> None:
+        """Register a capture target; raises ``TargetError`` (a ``ValueError``) if it breaks
+        the protocol's rules and ``UsageError`` once the profiler is closed."""
+        if self._status == "closed":
+            raise UsageError("the profiler is closed")
+        self._targets.add(target)
+
+    def step(self, n: int) -> _Step:
+        """The context of global step ``n`` (1-based): opens and closes that step's windows.
+
+        Entering it raises ``StepError`` (a ``ValueError``) for a step that is not an
+        integer >= 1, and ``UsageError`` before the profiler is open or inside another step.
+        """
+        return _Step(self, n)
+
+    def request(self, *, replica: int, request_id: str | None = None) -> Request:
+        """The context of one request to ``replica``: gate, count, and report what happened."""
+        return self._timeline.request(self._admission.gate, replica, request_id)
+
+    def span(self, name: str, /, **attrs: AttrValue) -> Span | NullSpan:
+        """A timeline span named ``name`` (a turn, a tool call), for ``with`` or ``async with``.
+
+        ``attrs`` become the span's args; the current step is added. A no-op when
+        ``timeline.enable`` is false.
+        """
+        return self._timeline.span(name, attrs, self._admission.gate.step)
+
+    async def flush(self) -> None:
+        """Write the manifest and the timeline recorded so far, and wait until both are on
+        disk (at most ``timeouts.stop_s``).
+
+        Every change and every step end writes them without waiting; call this before
+        reading them back during the run, or now and then in a run without steps. Write
+        errors are logged, never raised.
+        """
+        await self._timeline.write_now()
+        await self._files.flush(self.config.timeouts.stop_s)
+
+    async def __aenter__(self) -> Profiler:
+        if self._status != "new":
+            raise UsageError("a Profiler is opened once")
+        try:
+            self._layout.check_writable()
+        except OSError as exc:
+            raise ConfigError(
+                "global_profiler.save_path",
+                f"cannot write to {self._layout.root}: {exc.strerror or exc}",
+            ) from None
+        self._status = "open"
+        self._files.open()
+        self._log.info(
+            "profiler open",
+            save_path=str(self._layout.root),
+            steps=str(self.config.global_profiler.steps),
+        )
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop every open window and wait for all stops (bounded), then write the manifest."""
+        if self._status != "open":
+            self._status = "closed"
+            return
+        try:
+            self._steps.end_run()
+            await wait(self._windows.tasks, self._windows.bound())
+            await self._serving.aclose()
+            await self._targets.aclose()
+        finally:
+            self._windows.abandon()
+            self._status = "closed"
+            try:
+                await self._timeline.aclose()
+            finally:
+                # The run's last word: as long as a window may take to end, a slow disk too.
+                await self._files.aclose(self._windows.bound())
+                self._disk.shutdown(wait=False)
+            counts: dict[str, int] = {}
+            for record in self._manifest.windows:
+                counts[record.state] = counts.get(record.state, 0) + 1
+            self._log.info("profiler closed", windows=counts)
+
+    # -- wiring -----------------------------------------------------------------------------
+
+    async def _enter_step(self, n: int) -> None:
+        if self._status != "open":
+            raise UsageError("open the profiler first: `async with prof:`")
+        await self._steps.enter(n)
+
+    def _machine(self, target: CaptureTarget) -> TargetMachine:
+        return TargetMachine(
+            target,
+            timeouts=self.config.timeouts,
+            limits=self.config.limits,
+            layout=self._layout,
+            disk=self._disk,
+            on_note=self._windows.note,
+        )
+
+    def _disk_trouble(self, error: str | None) -> None:
+        """The manifest cannot be written (``error``), or can again (``None``)."""
+        if self._guard.trouble(error):
+            self._windows.stop_early(f"the manifest could not be written ({error})")
+
+    def _write_counts(self, step: int) -> None:
+        self._windows.write_counts(step)
+
+    def _rollout_changed(self) -> None:
+        self._serving.changed()
+
+    def _timeline_written(self) -> None:
+        self._files.list_timeline(self._timeline.files())
+
+
+class _Step:
+    """``async with prof.step(n):`` — see :meth:`Profiler.step`."""
+
+    __slots__ = ("_n", "_prof")
+
+    def __init__(self, prof: Profiler, n: int) -> None:
+        self._prof = prof
+        self._n = n
+
+    async def __aenter__(self) -> int:
+        await self._prof._enter_step(self._n)
+        return self._n
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._prof._steps.leave(self._n, exc)

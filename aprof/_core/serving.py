@@ -1,0 +1,113 @@
+"""The side of sharing that serves other processes: what the driver's profiler shows them, the
+windows they ask it to open, and what they report back.
+
+The transport (``aprof.ray``) is a :class:`~aprof._core.sharing.Link`: told when the view
+changed, waited for as a step begins, and calling back :meth:`Serving.view`,
+:meth:`Serving.open_for` and :meth:`Serving.take_report` with what the other processes send.
+"""
+
+from __future__ import annotations
+
+from aprof._config import ProfilerConfig
+from aprof._core.admission import Admission
+from aprof._core.sharing import Link, RemotePhase, Report, RolloutView
+from aprof._core.targets import Targets
+from aprof._core.window import Phase, add_counts, shared_phase
+from aprof._core.windows import Windows
+from aprof._manifest import ManifestFiles, TimelineFile
+
+
+class Serving:
+    """The driver's profiler as other processes reach it, through :attr:`link` when shared."""
+
+    def __init__(
+        self,
+        config: ProfilerConfig,
+        *,
+        targets: Targets,
+        windows: Windows,
+        admission: Admission,
+        files: ManifestFiles,
+    ) -> None:
+        self.config = config
+        self._targets = targets
+        self._windows = windows
+        self._admission = admission
+        self._files = files
+        self.link: Link | None = None
+        """The transport to the other processes, once the profiler is shared."""
+
+    @property
+    def current_step(self) -> int | None:
+        """The global step now open, if any."""
+        return self._admission.gate.step
+
+    def changed(self) -> None:
+        """The view changed: tell the other processes (no wait)."""
+        if self.link is not None:
+            self.link.changed()
+
+    async def entered(self, step: int) -> None:
+        """Step ``step`` is open: return once the other processes know it (bounded)."""
+        if self.link is not None:
+            await self.link.entered(step)
+
+    async def aclose(self) -> None:
+        """The profiler closes: have the other processes close and take their last reports."""
+        if self.link is not None:
+            await self.link.aclose()
+
+    def view(self, version: int) -> RolloutView:
+        """The open step and where each selected replica's window of it stands."""
+        gate = self._admission.gate
+        phases: dict[int, RemotePhase] = {}
+        if gate.live:
+            due = self.config.rollout.start == "on_first_request"
+            for replica in self._targets.selected_replicas():
+                run = self._admission.windows.get(replica)
+                if run is not None:
+                    phases[replica] = shared_phase(run)
+                elif due:
+                    phases[replica] = "due"
+        return RolloutView(version, gate.step, gate.live, phases)
+
+    def open_for(self, step: int, replica: int) -> None:
+        """Another process's first request of ``step`` to ``replica``: open its window if it
+        is due (as a request of this process would), and tell the others where it stands."""
+        run = self._admission.open_for(step, replica)
+        # A window that starts tells the others itself (its move); else tell them here.
+        if run is None or run.phase is not Phase.STARTING:
+            self.changed()
+
+    def take_report(self, process: str, report: Report) -> None:
+        """Add what ``process`` counted to its windows, and list its timeline files."""
+        for c in report.counts:
+            machine = self._targets.by_replica.get(c.replica)
+            if machine is None:
+                continue
+            target = machine.target.name
+            run = self._windows.live.get((c.step, target))
+            if run is not None:
+                run.add_counts(c.admitted, c.gated)
+                self._files.changed(c.step)
+            elif (record := self._files.window(c.step, target)) is not None:
+                add_counts(record, c.admitted, c.gated)
+                self._files.changed(c.step)
+            elif c.admitted:
+                self.note(
+                    c.step, target, f"{process}: {c.admitted} request(s) reported too late to count"
+                )
+            if c.ungated:
+                self.note(
+                    c.step,
+                    target,
+                    f"{process}: {c.ungated} request(s) went ahead ungated and uncounted: the "
+                    f"driver did not answer within timeouts.start_s",
+                )
+        if report.timeline:
+            files = [TimelineFile.model_validate(e) for e in report.timeline]
+            self._files.list_timeline(files, process=process)
+
+    def note(self, step: int | None, target: str | None, text: str) -> None:
+        """Write down something about the processes the profiler is shared with."""
+        self._windows.note(step, target, text)

@@ -1,0 +1,160 @@
+"""Global steps: entering one opens its windows, leaving it closes them.
+
+A selected step opens a window on every selected role target (the step waits until they have
+started: a role capture must see its step from the beginning) and makes its rollout windows
+due; leaving the step closes them, except the role windows of a continuous run, which go on
+into the next selected step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from aprof._config import ProfilerConfig
+from aprof._core.admission import Admission
+from aprof._core.disk_guard import DiskGuard
+from aprof._core.process_timeline import ProcessTimeline
+from aprof._core.serving import Serving
+from aprof._core.targets import Targets
+from aprof._core.window import Phase, WindowRun
+from aprof._core.windows import Windows, wait
+from aprof._errors import StepError, UsageError
+from aprof._manifest import StopReason
+from aprof._timeline.events import now_ns
+
+
+class Steps:
+    """The steps of one run, one open at a time."""
+
+    def __init__(
+        self,
+        config: ProfilerConfig,
+        *,
+        targets: Targets,
+        windows: Windows,
+        admission: Admission,
+        guard: DiskGuard,
+        timeline: ProcessTimeline,
+        serving: Serving,
+    ) -> None:
+        self._config = config
+        self._targets = targets
+        self._windows = windows
+        self._admission = admission
+        self._guard = guard
+        self._timeline = timeline
+        self._serving = serving
+        self._entered: set[int] = set()
+        """Selected steps entered so far (a step entered again opens no window)."""
+        self._roles: dict[str, WindowRun] = {}
+        """Role windows open, by target: a continuous one outlives its step."""
+        self._began = 0
+
+    @property
+    def current(self) -> int | None:
+        """The global step now open, if any."""
+        return self._admission.gate.step
+
+    async def enter(self, n: int) -> None:
+        """Open step ``n`` and the windows it selects; raises ``StepError`` for a step that
+        is not an integer >= 1 and ``UsageError`` while another step is open."""
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise StepError(f"global steps are integers >= 1, got {n!r}")
+        if self.current is not None:
+            raise UsageError(f"step {n} entered while step {self.current} is open")
+        selected = n in self._config.global_profiler.steps
+        self._began = now_ns()
+        for name, run in list(self._roles.items()):
+            target = self._targets.by_name[name].target
+            continues = self._targets.continuous(target) and selected and run.last_step == n - 1
+            if not (continues and self._targets.role_selected(target)):
+                self._windows.close(run, "step_end")
+                del self._roles[name]
+        self._admission.begin(n)
+        if selected and n in self._entered:
+            self._windows.note(n, None, f"step {n} entered again: its windows were captured before")
+        elif selected:
+            self._entered.add(n)
+            await self._open(n)
+        self._serving.changed()
+        await self._serving.entered(n)
+
+    async def _open(self, n: int) -> None:
+        """Open the windows of selected step ``n`` and wait for those it waits for."""
+        cfg = self._config
+        try:
+            await self._guard.recheck(cfg.timeouts.connect_s)  # has the disk come back?
+            roles: list[WindowRun] = []
+            for machine in self._targets.selected_roles():
+                name = machine.target.name
+                if name in self._roles:
+                    self._roles[name].extend_to(n)
+                    continue
+                self._roles[name] = run = self._windows.open(machine, n)
+                roles.append(run)
+            rollouts = (
+                self._admission.open_rollouts(all_now=cfg.rollout.start == "on_step")
+                if cfg.rollout.enable
+                else []
+            )
+            # A role window must see its step from the beginning, so the step waits for it,
+            # behind the target's previous stop if need be; rollout windows gate requests instead.
+            await wait({r.start_task for r in roles if r.start_task}, self._windows.bound())
+            starting = {
+                r.start_task for r in rollouts if r.phase is Phase.STARTING and r.start_task
+            }
+            await wait(starting, cfg.timeouts.start_s)
+            self._windows.raise_if_strict(r for r in roles + rollouts if r.phase.final)
+        except BaseException as exc:
+            await self.leave(n, exc)
+            raise
+
+    async def leave(self, n: int, exc: BaseException | None) -> None:
+        """Close step ``n`` (ended by ``exc``, if it raised) and the windows that end with it;
+        wait (bounded) for its role windows' stops, and for all with ``wait_for_stops``."""
+        reason: StopReason = (
+            "step_end"
+            if exc is None
+            else "cancelled"
+            if isinstance(exc, asyncio.CancelledError)
+            else "error"
+        )
+        rollouts, roles = self.leave_now(n, reason)
+        cfg = self._config
+        waits_for_all = cfg.global_profiler.wait_for_stops or cfg.strict
+        try:
+            # A role capture still running would record the next step's work: the step ends
+            # once its role captures have ended, as it began once they had started.
+            stopping = rollouts + roles if waits_for_all else roles
+            stops = {self._windows.close(run, reason) for run in stopping}
+            await wait(stops, self._windows.bound())
+            if waits_for_all and exc is None:
+                self._windows.raise_if_strict(rollouts + roles)
+        finally:
+            self._timeline.flush()
+
+    def leave_now(self, n: int, reason: StopReason) -> tuple[list[WindowRun], list[WindowRun]]:
+        """Close the windows that end with step ``n``, without waiting; returns its rollout
+        windows and the role windows that end with it."""
+        cfg = self._config
+        if self.current == n:  # else the profiler's close ended it already
+            self._timeline.step(n, n in cfg.global_profiler.steps, self._began)
+        rollouts = self._admission.end(n, reason)
+        keep = reason == "step_end" and (n + 1) in cfg.global_profiler.steps
+        roles: list[WindowRun] = []
+        for name, run in list(self._roles.items()):
+            if keep and self._targets.continuous(self._targets.by_name[name].target):
+                continue
+            self._windows.close(run, reason)
+            roles.append(run)
+            del self._roles[name]
+        self._serving.changed()
+        return rollouts, roles
+
+    def end_run(self) -> None:
+        """The profiler closes: the open step ends, and every role window with it."""
+        if self.current is not None:
+            self.leave_now(self.current, "run_end")
+        for run in self._roles.values():
+            self._windows.close(run, "run_end")
+        self._roles.clear()

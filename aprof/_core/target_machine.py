@@ -1,0 +1,277 @@
+"""One capture target driven through its windows, one at a time: start, poll, stop.
+
+Each window is started at most once and stopped at most once, however many coroutines race to
+trigger it; a stop is only sent for a window whose start succeeded, and the next window of the
+same target waits for the previous stop to finish. The window's own moves and what they
+record are :class:`~aprof._core.window.WindowRun`'s (``window.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import TypeVar
+
+from aprof._capture import CaptureResult, CountSource
+from aprof._config import LimitsConfig, TimeoutsConfig
+from aprof._core.window import Captured, Phase, WindowRun
+from aprof._errors import describe
+from aprof._layout import OutputLayout, size_of
+from aprof._manifest import FileEntry, RankCapture, StopReason
+from aprof.abc import CaptureTarget, ManagedTarget
+
+_T = TypeVar("_T")
+
+OnNote = Callable[[int, str, str], None]
+"""Told ``(step, target, text)``: something worth writing down that is not a failure."""
+
+
+class TargetMachine:
+    """Drives one ``CaptureTarget`` through its windows, one at a time."""
+
+    def __init__(
+        self,
+        target: CaptureTarget,
+        *,
+        timeouts: TimeoutsConfig,
+        limits: LimitsConfig,
+        layout: OutputLayout,
+        disk: Executor,
+        on_note: OnNote,
+    ) -> None:
+        self.target = target
+        self._layout = layout
+        self._disk = disk
+        self._note = on_note
+        self._timeouts = timeouts
+        self._limits = limits
+        self._previous: WindowRun | None = None
+        self.opened = False
+        """The target's resources are held (see ``ManagedTarget``)."""
+
+    @property
+    def polls(self) -> bool:
+        """aprof itself must bound this target's windows."""
+        return not self.target.enforces_window
+
+    def open(self, run: WindowRun) -> None:
+        """Begin ``run``: start it now, or once the previous window's stop has finished."""
+        previous = self._previous
+        if previous is not None and previous.stop_task is None:
+            # A window left open when the next one begins is closed first: one at a time.
+            self.close(previous, "step_end")
+        self._previous = run
+        waiting_for = previous.released if previous is not None else None
+        if waiting_for is None or waiting_for.is_set():
+            waiting_for = None
+            run.begin_start()
+        run.start_task = asyncio.get_running_loop().create_task(
+            self._start(run, waiting_for), name=f"aprof-start-{run.window.prefix}"
+        )
+
+    def close(self, run: WindowRun, reason: StopReason) -> asyncio.Task[None]:
+        """Ask ``run`` to end for ``reason``; idempotent, returns the task that ends it."""
+        if run.stop_task is None:
+            run.ask_stop(reason)
+            run.stop_task = asyncio.get_running_loop().create_task(
+                self._stop(run), name=f"aprof-stop-{run.window.prefix}"
+            )
+        return run.stop_task
+
+    async def _start(self, run: WindowRun, after: asyncio.Event | None) -> None:
+        try:
+            if after is not None:
+                await after.wait()  # bounded: the previous stop has its own timeout
+                if run.stop_task is not None:
+                    run.end(Phase.SKIPPED, "window ended before the previous stop finished")
+                    return
+                run.begin_start()
+            try:
+                async with asyncio.timeout(self._timeouts.start_s):
+                    folder = run.window.dir
+                    try:  # off the event loop: a slow disk must not hold it
+                        await self._on_disk(self._layout.make_dir, folder)
+                    except OSError as exc:
+                        why = f"cannot create {folder}: {exc.strerror or exc}"
+                        self._fail_start(run, Phase.FAILED, why)
+                        return
+                    await self._ensure_open()
+                    await self.target.start(run.window)
+            except TimeoutError:
+                self._fail_start(
+                    run, Phase.TIMEOUT, f"start timed out after {self._timeouts.start_s:g}s"
+                )
+                return
+            except Exception as exc:  # a failing target costs its window only
+                self._fail_start(run, Phase.FAILED, f"start failed: {describe(exc)}")
+                return
+            bounded = run.window.forward_steps is not None
+            run.activate(("aprof" if self.polls else "server") if bounded else None)
+            if self.polls and run.stop_task is None:
+                run.poll_task = asyncio.get_running_loop().create_task(
+                    self._poll(run), name=f"aprof-poll-{run.window.prefix}"
+                )
+        finally:
+            run.started.set()
+
+    async def _ensure_open(self) -> None:
+        # Windows of one target never start concurrently, so a flag is enough.
+        if not self.opened and isinstance(self.target, ManagedTarget):
+            await self.target.open(self._timeouts, self._limits)
+        self.opened = True
+
+    async def aclose(self) -> None:
+        """Release the target's resources if it was opened; failures are the caller's to log."""
+        if self.opened and isinstance(self.target, ManagedTarget):
+            self.opened = False
+            async with asyncio.timeout(self._timeouts.connect_s):
+                await self.target.aclose()
+
+    async def _on_disk(self, work: Callable[..., _T], *args: object) -> _T:
+        """``work(*args)`` on the profiler's disk thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._disk, work, *args)
+
+    def _fail_start(self, run: WindowRun, phase: Phase, error: str) -> None:
+        run.released.set()  # no capture runs: the next window need not wait for a stop
+        run.end(phase, error, reason="error")
+
+    async def _poll(self, run: WindowRun) -> None:
+        """Stop ``run`` once ``delay + forward_steps`` engine steps have passed, if bounded."""
+        window = run.window
+        run.baseline = await self._read_counter(run)
+        if run.baseline is None:
+            if window.forward_steps is not None:
+                run.unbounded()
+                self._note(
+                    window.step,
+                    window.target,
+                    "target reports no forward-step counter: window runs until the step ends",
+                )
+            return
+        if window.forward_steps is None:
+            return
+        goal = window.delay + window.forward_steps
+        while run.phase is Phase.ACTIVE:  # ends when the window stops or the goal is reached
+            await asyncio.sleep(self._timeouts.poll_s)
+            count = await self._read_counter(run)
+            if count is None:
+                run.unbounded()
+                self._note(
+                    window.step,
+                    window.target,
+                    "forward-step counter lost: window runs until step end",
+                )
+                return
+            if count < run.baseline:
+                run.unbounded()
+                self._note(
+                    window.step,
+                    window.target,
+                    f"forward-step counter went back from {run.baseline} to {count} (the "
+                    "server restarted?): window runs until step end",
+                )
+                return
+            if count - run.baseline >= goal:
+                self.close(run, "auto_stop")
+                return
+
+    async def _read_counter(self, run: WindowRun) -> int | None:
+        try:
+            async with asyncio.timeout(self._timeouts.connect_s):
+                count = await self.target.forward_steps()
+        except Exception as exc:  # TimeoutError included
+            self._note(run.window.step, run.window.target, f"forward-step counter: {describe(exc)}")
+            return None
+        if count is not None:
+            run.last_count = count
+        return count
+
+    async def _stop(self, run: WindowRun) -> None:
+        try:
+            result = await self._stop_target(run)
+        finally:
+            run.released.set()
+        if result is not None:
+            await self._record_result(run, result)
+            if result.error is None:
+                run.end(Phase.DONE)
+            else:
+                run.end(Phase.FAILED, result.error, reason="error")
+
+    async def _stop_target(self, run: WindowRun) -> CaptureResult | None:
+        """Send the stop of an active window; ``None`` when there was none or it failed."""
+        if run.start_task is not None and not run.start_task.done():
+            # Only when it runs: even on a finished task, asyncio.wait yields to the event
+            # loop, which with thousands of ready tasks delays the next window by a whole pass.
+            await asyncio.wait({run.start_task})
+        if run.phase is not Phase.ACTIVE:
+            return None  # never started: nothing to stop
+        if run.poll_task is not None:
+            run.poll_task.cancel()
+        run.begin_stop()
+        if self.polls and run.baseline is not None and run.record.stop_reason != "auto_stop":
+            await self._read_counter(run)
+        try:
+            async with asyncio.timeout(self._timeouts.stop_s):
+                return await self.target.stop(run.window)
+        except TimeoutError:
+            run.end(Phase.TIMEOUT, f"stop timed out after {self._timeouts.stop_s:g}s")
+        except Exception as exc:
+            run.end(Phase.FAILED, f"stop failed: {describe(exc)}")
+        return None
+
+    async def _record_result(self, run: WindowRun, result: CaptureResult) -> None:
+        if result.auto_stopped:
+            run.stopped_itself()
+        observed, counted_from = self._observed(run, result)
+        paths = [self._layout.absolute(Path(p)) for p in result.files]
+        sizes = await self._on_disk(lambda: [size_of(p) for p in paths]) if paths else []
+        names = [self._layout.relative(p) for p in paths]
+        missing = [n for n, size in zip(names, sizes, strict=True) if size is None]
+        if missing:
+            self._note(
+                run.window.step, run.window.target, f"listed files missing: {', '.join(missing)}"
+            )
+        run.record_result(
+            Captured(
+                files=[
+                    FileEntry(path=n, bytes=size or 0) for n, size in zip(names, sizes, strict=True)
+                ],
+                captures=[
+                    RankCapture.of(c, window_last_step=run.last_step) for c in result.captures
+                ],
+                observed=observed,
+                counted_from=counted_from,
+            )
+        )
+        if result.note:
+            self._note(run.window.step, run.window.target, result.note)
+
+    def _observed(
+        self, run: WindowRun, result: CaptureResult
+    ) -> tuple[int | None, CountSource | None]:
+        """The forward steps the window saw and how they were counted: as the target says,
+        else from aprof's counter readings; unknown when the counter began again."""
+        observed, counted_from = result.forward_steps, result.counted_from
+        first, last = run.baseline, run.last_count
+        went_back = first is not None and last is not None and last < first
+        if went_back or (observed is not None and observed < 0):
+            # The counter began again (a restart): any count from it means nothing.
+            self._note(
+                run.window.step,
+                run.window.target,
+                f"forward-step counter went back from {first} to {last} during the window "
+                "(the server restarted?): observed unknown"
+                if went_back
+                else f"the target reported {result.forward_steps} forward steps: observed unknown",
+            )
+            return None, None
+        if observed is None and first is not None and last is not None:
+            if not result.error:
+                return last - first, "counter"
+            return None, counted_from
+        if observed is not None and counted_from is None:
+            return observed, "counter"  # a target that does not say counts as its counter
+        return observed, counted_from

@@ -1,0 +1,221 @@
+"""The run manifest: what every window captured.
+
+On disk a run is ``manifest.json`` (the run: its clock, config, timeline files and the notes
+of no particular step) and one ``manifest/step_<n>.json`` per profiled step (that step's
+windows and notes), so that recording a window change costs the same at step 10,000 as at
+step 1. :func:`load_manifest` puts them back together into one :class:`Manifest`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
+
+if TYPE_CHECKING:
+    from aprof._capture import WorkerCapture
+
+SCHEMA = "aprof.manifest/2"
+"""The run file's schema (``manifest.json``)."""
+STEP_SCHEMA = "aprof.step-manifest/1"
+"""A step file's schema (``manifest/step_<n>.json``)."""
+SINGLE_FILE_SCHEMA = "aprof.manifest/1"
+"""Runs written before step files: every window in ``manifest.json``."""
+FILENAME = "manifest.json"
+STEPS_FOLDER = "manifest"
+"""The folder of the step files, beside ``manifest.json``."""
+MOST_BYTES = 256 << 20
+"""The largest manifest file read back (a step of a thousand ranks' captures is a few MB)."""
+STEP_FILE = re.compile(r"step_([1-9][0-9]{0,17})\.json")
+
+WindowState = Literal["running", "done", "failed", "timeout", "skipped"]
+StopReason = Literal["auto_stop", "step_end", "run_end", "error", "cancelled"]
+EnforcedBy = Literal["server", "aprof", "none"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+
+
+class ForwardSteps(_Model):
+    """Engine forward steps of a window: asked for, seen, and who bounded the window."""
+
+    delay: int = 0
+    requested: int | None = None
+    observed: int | None = None
+    enforced_by: EnforcedBy = "none"
+    counted_from: Literal["trace", "counter"] | None = None
+    """``observed`` counted from the capture's files (``trace``) or the engine's counter."""
+
+
+class RequestCounts(_Model):
+    """Requests admitted to a replica while its window was starting or active."""
+
+    admitted: int = 0
+    gated: int = 0
+
+
+class FileEntry(_Model):
+    """One file (or trace folder) of a window; ``path`` is relative to ``save_path``."""
+
+    path: str
+    bytes: int
+
+
+class RankCapture(_Model):
+    """One capture of one rank inside a worker group's role window."""
+
+    rank: int
+    stage: str | None
+    """The stage of a discrete capture; ``None`` for a capture of the whole window."""
+    step: int
+    last_step: int
+    """The last global step the capture covered (later than ``step`` in a continuous window)."""
+    state: Literal["done", "failed"]
+    files: list[FileEntry]
+    error: str | None
+    note: str | None
+    """What the capture tool says the reader should know."""
+    started_ns: int
+    stopped_ns: int
+
+    @classmethod
+    def of(cls, capture: WorkerCapture, *, window_last_step: int) -> RankCapture:
+        """The record of ``capture``, made in a window that covered up to ``window_last_step``."""
+        last_step = capture.last_step
+        if capture.stage is None:
+            # A worker group tells its workers the first step of a continuous window only.
+            last_step = max(last_step, window_last_step)
+        return cls(
+            rank=capture.rank,
+            stage=capture.stage,
+            step=capture.step,
+            last_step=last_step,
+            state=capture.state,
+            files=[FileEntry(path=f.path, bytes=f.bytes) for f in capture.files],
+            error=capture.error,
+            note=capture.note,
+            started_ns=capture.started_ns,
+            stopped_ns=capture.stopped_ns,
+        )
+
+
+class WindowRecord(_Model):
+    """One (step, target) window as the manifest shows it."""
+
+    step: int
+    target: str
+    kind: Literal["rollout", "role"]
+    tool: str
+    state: WindowState = "running"
+    stop_reason: StopReason | None = None
+    started_ns: int | None = None
+    stopped_ns: int | None = None
+    forward_steps: ForwardSteps = Field(default_factory=ForwardSteps)
+    requests: RequestCounts = Field(default_factory=RequestCounts)
+    files: list[FileEntry] = Field(default_factory=list)
+    error: str | None = None
+    captures: list[RankCapture] = Field(default_factory=list)
+    """Per-rank captures of a worker group's window; empty for other role targets, and not
+    written for rollout windows."""
+
+    @model_serializer(mode="wrap")
+    def _rollout_without_captures(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if self.kind == "rollout":
+            data.pop("captures", None)
+        return data
+
+
+class Note(_Model):
+    """Something a reader of the run should know that is not a failure."""
+
+    step: int | None
+    target: str | None
+    text: str
+
+
+class Clock(_Model):
+    """One instant read on both clocks, to place monotonic timestamps on the wall clock."""
+
+    wall_ns: int
+    monotonic_ns: int
+
+
+class TimelineFile(_Model):
+    """One process's timeline file (aprof's spans as a Chrome trace) and what it holds."""
+
+    path: str
+    """Relative to ``save_path``: ``timeline/<process>.trace.json.gz``."""
+    process: str
+    bytes: int
+    events: int
+    """Spans, steps and windows written to it."""
+    dropped: int
+    """Events that did not fit into ``timeline.buffer_events`` and were not recorded."""
+    recorder: Literal["c", "python"] | None = None
+    """Which recorder recorded it (``aprof.timeline_backend()``); absent in older manifests."""
+    host: str | None = None
+    """The machine the process ran on; absent in older manifests."""
+
+
+class Manifest(_Model):
+    """Every window of one run, with its state, files and counts."""
+
+    schema_: str = Field(default=SCHEMA, alias="schema")
+    run_id: str
+    clock: Clock
+    save_path: str
+    windows: list[WindowRecord] = Field(default_factory=list)
+    notes: list[Note] = Field(default_factory=list)
+    timeline: list[TimelineFile] = Field(default_factory=list)
+    config: dict[str, Any] = Field(default_factory=dict)
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    def window(self, step: int, target: str) -> WindowRecord | None:
+        """The window of ``target`` for ``step``, if there is one."""
+        for record in self.windows:
+            if record.step == step and record.target == target:
+                return record
+        return None
+
+    def to_json(self) -> str:
+        """The whole manifest as one JSON document."""
+        return self.model_dump_json(by_alias=True, indent=1)
+
+
+class RunFile(_Model):
+    """``manifest.json``: the run, without the windows (those are in the step files)."""
+
+    schema_: str = Field(default=SCHEMA, alias="schema")
+    run_id: str
+    clock: Clock
+    save_path: str
+    steps: str = f"{STEPS_FOLDER}/step_<n>.json"
+    """Where the windows and notes of each step are."""
+    notes: list[Note] = Field(default_factory=list)
+    """Notes of no particular step."""
+    timeline: list[TimelineFile] = Field(default_factory=list)
+    config: dict[str, Any] = Field(default_factory=dict)
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class StepFile(_Model):
+    """``manifest/step_<n>.json``: the windows and notes of one step of one run."""
+
+    schema_: str = Field(default=STEP_SCHEMA, alias="schema")
+    run_id: str
+    step: int
+    windows: list[WindowRecord] = Field(default_factory=list)
+    notes: list[Note] = Field(default_factory=list)
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)

@@ -1,0 +1,180 @@
+"""What the windows' Chrome traces give: server iteration durations, trainer stage durations
+and the stages' names, and the annotations behind them as intervals on one clock. A trace that
+cannot be read is a problem of its step, never an exception. How each number is taken:
+:mod:`aprof._report`.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from aprof._iterations import Dialect, iteration_dialect
+from aprof._manifest import Manifest, WindowRecord
+from aprof._report import clock as _report_clock
+from aprof._report.clock import US, interval, number
+from aprof._report.model import Interval
+from aprof._trace_json import is_trace_json, read_trace_below, time_base, unreadable
+
+MAX_INPUT_BYTES = 2 << 30
+"""The largest input read, compressed or not (as ``aprof merge``)."""
+_T = TypeVar("_T")
+
+
+def role_files(window: WindowRecord) -> list[tuple[int | None, str]]:
+    """The role window's traces, each with the rank that wrote it where the manifest says."""
+    paths: dict[str, int | None] = {}
+    for capture in window.captures:
+        for f in capture.files:
+            paths.setdefault(f.path, capture.rank)
+    if not paths:
+        paths = dict.fromkeys(f.path for f in window.files)
+    return [(rank, path) for path, rank in paths.items() if is_trace_json(path)]
+
+
+def read_or_note(
+    root: Path,
+    path: str,
+    problems: list[tuple[int, str]],
+    take: Callable[[list[Any], int | None], _T],
+) -> _T | None:
+    """``take`` of the trace at ``path`` and of its time base (the wall-clock ns its ``ts`` 0
+    stands for; ``None`` when it is on no known clock); ``None``, with a problem, when it
+    cannot be read."""
+    try:
+        data = read_trace_below(root, path, MAX_INPUT_BYTES)
+        events = data.get("traceEvents")
+        if not isinstance(events, list):
+            raise ValueError("not a Chrome trace: no traceEvents list")
+        return take(events, _clock(data, events))
+    except Exception as exc:  # a damaged trace costs its own numbers only
+        problems.append((4, f"{path}: unreadable: {unreadable(exc)}"))
+        return None
+
+
+@dataclass
+class _Found:
+    """A trace's iterations: every duration (s), and the earliest as intervals."""
+
+    durations: array[float] = field(default_factory=lambda: array("d"))
+    items: list[Interval] = field(default_factory=list)
+    placed: int = 0
+    """How many were on a known clock: ``items`` and those left out."""
+
+
+def iterations(root: Path, window: WindowRecord, problems: list[tuple[int, str]]) -> _Found | None:
+    """The window's iterations, from the trace holding the most; ``None`` when no trace
+    holds any."""
+    best: _Found | None = None
+    for path in (f.path for f in window.files):
+        if not is_trace_json(path):
+            continue
+        found = read_or_note(root, path, problems, _iteration_durations)
+        count = 0 if found is None else len(found.durations)
+        if count > 0 and (best is None or count > len(best.durations)):
+            best = found
+    return best
+
+
+def _clock(data: dict[str, Any], events: list[Any]) -> int | None:
+    """The wall-clock ns a ``ts`` of 0 stands for in this trace (as ``aprof merge`` places
+    it); ``None`` when it is on no known clock."""
+    try:
+        return time_base(data, [e for e in events if isinstance(e, dict)])
+    except ValueError:
+        return None
+
+
+def _annotations(events: list[Any]) -> Iterable[tuple[str, float | None, float, dict[str, Any]]]:
+    """The name, ``ts`` (µs; ``None`` when it is no number) and duration (µs) of each
+    CPU-side ``record_function`` range of a trace, with the event."""
+    for event in events:
+        if (
+            isinstance(event, dict)
+            and event.get("ph") == "X"
+            and event.get("cat") == "user_annotation"
+            and isinstance(event.get("name"), str)
+        ):
+            dur = number(event.get("dur"))
+            if dur is not None and dur >= 0:
+                yield event["name"], number(event.get("ts")), dur, event
+
+
+def _placed(base_ns: int | None, ts: float | None, dur: float, label: str) -> Interval | None:
+    if base_ns is None or ts is None:
+        return None
+    return interval(base_ns, ts, dur, label)
+
+
+def _iteration_durations(events: list[Any], base_ns: int | None) -> _Found:
+    by_dialect: dict[Dialect, _Found] = {}
+    for name, ts, dur, _ in _annotations(events):
+        dialect = iteration_dialect(name)
+        if dialect is None:
+            continue
+        found = by_dialect.setdefault(dialect, _Found())
+        found.durations.append(dur * US)
+        item = _placed(base_ns, ts, dur, name)
+        if item is not None:
+            found.items.append(item)
+            found.placed += 1
+            if len(found.items) >= 2 * _report_clock.TIMELINE_ITEMS:
+                _earliest(found.items)
+    for dialect in ("reference", "vllm", "sglang"):  # the reference server's holds vLLM's
+        if dialect in by_dialect:
+            found = by_dialect[dialect]
+            _earliest(found.items)
+            return found
+    return _Found()
+
+
+def _earliest(items: list[Interval]) -> None:
+    items.sort(key=lambda item: item.begin_ns)
+    del items[_report_clock.TIMELINE_ITEMS :]
+
+
+def stages(
+    events: list[Any], base_ns: int | None, names: set[str]
+) -> tuple[dict[str, list[float]], list[Interval], int]:
+    """The durations (s) of each stage's ranges, and as intervals the stage ranges, else (none
+    in this trace) the top-level ranges: the earliest ``TIMELINE_ITEMS``, and how many there
+    were."""
+    found: dict[str, list[float]] = {}
+    ranges: list[Interval] = []
+    top: list[tuple[object, float, float, str]] = []
+    for name, ts, dur, event in _annotations(events):
+        if name in names:
+            found.setdefault(name, []).append(dur * US)
+            item = _placed(base_ns, ts, dur, name)
+            if item is not None:
+                ranges.append(item)
+        elif ts is not None and base_ns is not None:
+            top.append(((event.get("pid"), event.get("tid")), ts, dur, name))
+    if not ranges:
+        top.sort(key=lambda t: (str(t[0]), t[1], -t[2]))
+        ends: dict[str, float] = {}
+        for thread, ts, dur, name in top:
+            key = str(thread)
+            if ts < ends.get(key, -math.inf):
+                continue  # inside a range already taken: not top-level
+            ends[key] = ts + dur
+            item = _placed(base_ns, ts, dur, name)
+            if item is not None:
+                ranges.append(item)
+    placed = len(ranges)
+    _earliest(ranges)
+    return found, ranges, placed
+
+
+def stage_names(manifest: Manifest) -> dict[str, set[str]]:
+    """Per role: the stages its discrete captures were of, anywhere in the run."""
+    names: dict[str, set[str]] = {}
+    for window in manifest.windows:
+        for capture in window.captures:
+            if capture.stage is not None:
+                names.setdefault(window.target, set()).add(capture.stage)
+    return names
