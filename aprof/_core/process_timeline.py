@@ -18,8 +18,32 @@ from pathlib import Path
 from aprof._config import TimelineConfig
 from aprof._manifest import Clock, TimelineFile, WindowRecord
 from aprof._timeline.events import AttrValue, Event
-from aprof._timeline.recorder import BACKEND, NULL_SPAN, Gate, NullSpan, Request, Span
+from aprof._timeline.recorder import BACKEND, NULL_SPAN, Gate, NullSpan, Recorder, Request, Span
 from aprof._timeline.timeline import Timeline
+
+
+class Recording:
+    """``request`` and ``span`` of a profiler that records into its process's timeline through
+    a gate: the driver's :class:`~aprof.Profiler` and every ``RemoteProfiler``. Written out
+    here, with no call between, because they are each request's and span's hot path."""
+
+    _gate: Gate
+    _recorder: Recorder | None
+
+    def request(self, *, replica: int, request_id: str | None = None) -> Request:
+        """The context of one request to ``replica``: gate, count, and report what happened."""
+        return Request(self._gate, self._recorder, replica, request_id)
+
+    def span(self, name: str, /, **attrs: AttrValue) -> Span | NullSpan:
+        """A timeline span named ``name`` (a turn, a tool call), for ``with`` or ``async with``.
+
+        ``attrs`` become the span's args; the current step is added. A no-op when
+        ``timeline.enable`` is false.
+        """
+        recorder = self._recorder
+        if recorder is None:
+            return NULL_SPAN
+        return Span(recorder, name, attrs, self._gate.step)
 
 
 class ProcessTimeline:
@@ -49,16 +73,6 @@ class ProcessTimeline:
         )
         self.recorder = None if self.timeline is None else self.timeline.recorder
         """Where spans and requests record themselves; ``None`` when the timeline is off."""
-
-    def request(self, gate: Gate, replica: int, request_id: str | None) -> Request:
-        """A request to ``replica`` entering through ``gate``, recorded when it ends."""
-        return Request(gate, self.recorder, replica, request_id)
-
-    def span(self, name: str, attrs: dict[str, AttrValue], step: int | None) -> Span | NullSpan:
-        """A span named ``name`` of ``step``, recorded when it ends (a no-op when off)."""
-        if self.recorder is None:
-            return NULL_SPAN
-        return Span(self.recorder, name, attrs, step)
 
     def add(self, event: Event) -> None:
         """Record ``event`` as it is."""

@@ -27,7 +27,7 @@ import structlog
 from aprof._config import ProfilerConfig, load_config
 from aprof._core.admission import Admission
 from aprof._core.disk_guard import DiskGuard
-from aprof._core.process_timeline import ProcessTimeline
+from aprof._core.process_timeline import ProcessTimeline, Recording
 from aprof._core.serving import Serving
 from aprof._core.steps import Steps
 from aprof._core.target_machine import TargetMachine
@@ -37,12 +37,10 @@ from aprof._errors import ConfigError, UsageError
 from aprof._layout import OutputLayout
 from aprof._logging import configure_logging, logger
 from aprof._manifest import Clock, Manifest, ManifestFiles
-from aprof._timeline.events import AttrValue
-from aprof._timeline.recorder import NullSpan, Request, Span
 from aprof.abc import CaptureTarget
 
 
-class Profiler:
+class Profiler(Recording):
     """Opens, starts and stops the captures of the selected global steps, exactly once each.
 
     Use it as ``async with Profiler(cfg) as prof:``; inside, ``async with prof.step(n):``
@@ -99,6 +97,8 @@ class Profiler:
             log=log,
         )
         self._admission = Admission(cfg, self._targets, self._windows)
+        self._gate = self._admission.gate
+        self._recorder = self._timeline.recorder
         self._serving = Serving(
             cfg,
             targets=self._targets,
@@ -149,18 +149,6 @@ class Profiler:
         integer >= 1, and ``UsageError`` before the profiler is open or inside another step.
         """
         return _Step(self, n)
-
-    def request(self, *, replica: int, request_id: str | None = None) -> Request:
-        """The context of one request to ``replica``: gate, count, and report what happened."""
-        return self._timeline.request(self._admission.gate, replica, request_id)
-
-    def span(self, name: str, /, **attrs: AttrValue) -> Span | NullSpan:
-        """A timeline span named ``name`` (a turn, a tool call), for ``with`` or ``async with``.
-
-        ``attrs`` become the span's args; the current step is added. A no-op when
-        ``timeline.enable`` is false.
-        """
-        return self._timeline.span(name, attrs, self._admission.gate.step)
 
     async def flush(self) -> None:
         """Write the manifest and the timeline recorded so far, and wait until both are on

@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from aprof._config import ProfilerConfig, load_config
-from aprof._core.process_timeline import ProcessTimeline
+from aprof._core.process_timeline import ProcessTimeline, Recording
 from aprof._core.sharing import Counts, Report, RolloutView
 from aprof._errors import describe
 from aprof._layout import OutputLayout, check_name
 from aprof._logging import logger
-from aprof._timeline.events import SPAN, AttrValue, now_ns
-from aprof._timeline.recorder import Gate, NullSpan, Request, Span
+from aprof._timeline.events import SPAN, now_ns
+from aprof._timeline.recorder import Gate, Request
 from aprof.ray._hub import WATCH_S, Answer
 from aprof.ray._share import ShareHandle
 
@@ -62,7 +62,7 @@ def connect(
     return RemoteProfiler(handle, config, name, view, gone)
 
 
-class RemoteProfiler:
+class RemoteProfiler(Recording):
     """The driver's profiler as one other process sees it: :meth:`request`, :meth:`span` and
     :attr:`current_step`, as on :class:`aprof.Profiler`; :meth:`aclose` at the end (the
     driver's profiler closing has it run if the process does not).
@@ -102,6 +102,7 @@ class RemoteProfiler:
         self._closing: asyncio.Task[None] | None = None
         """The close, begun by :meth:`aclose` or by the driver's closing view."""
         self._timeline = self._open_timeline(Path(handle.save_path))
+        self._recorder = self._timeline.recorder
         self._apply(view)
         self._watch()
 
@@ -115,11 +116,7 @@ class RemoteProfiler:
     def request(self, *, replica: int, request_id: str | None = None) -> Request:
         """The context of one request to ``replica``, as :meth:`aprof.Profiler.request`."""
         self._watch()
-        return self._timeline.request(self._gate, replica, request_id)
-
-    def span(self, name: str, /, **attrs: AttrValue) -> Span | NullSpan:
-        """A span on this process's timeline, as :meth:`aprof.Profiler.span`."""
-        return self._timeline.span(name, attrs, self._gate.step)
+        return Request(self._gate, self._recorder, replica, request_id)
 
     async def aclose(self) -> None:
         """Write this process's timeline and hand its last counts and files to the driver
