@@ -67,6 +67,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_long_run.py")
     session.run("python", "benchmarks/bench_ray.py")
     session.run("python", "benchmarks/bench_merge.py")
+    session.run("python", "benchmarks/bench_control.py")
 
 
 @nox.session(python="3.11", default=False)

@@ -28,6 +28,7 @@ from aprof._config import (
     load_config,
     read_config_file,
 )
+from aprof._control import CaptureAnswer
 from aprof._core import BlockingProfiler, Profiler
 from aprof._errors import (
     AprofError,
@@ -75,6 +76,7 @@ verl."""
 __all__ = [
     "AprofError",
     "BlockingProfiler",
+    "CaptureAnswer",
     "CaptureError",
     "CaptureFile",
     "CaptureResult",

@@ -42,14 +42,25 @@ _FILE_KINDS = (
 )
 
 
-def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:
+def read_regular(path: str | os.PathLike[str], limit: int, *, dir_fd: int | None = None) -> bytes:
     """The bytes of the regular file ``path`` if it holds at most ``limit``.
 
+    With ``dir_fd``, ``path`` is a name in that folder and a link there is not followed.
     Raises ``NotRegularFileError`` (without waiting: a FIFO is not opened for a writer),
-    ``FileTooLargeError``, other ``OSError`` when it cannot be read, and ``ValueError`` for a
-    name holding a NUL.
+    ``FileTooLargeError``, ``UnsafePathError`` for a link (with ``dir_fd``), other ``OSError``
+    when it cannot be read, and ``ValueError`` for a name holding a NUL.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+    if dir_fd is not None:
+        flags |= os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags, dir_fd=dir_fd)
+    except OSError as exc:
+        if dir_fd is not None and exc.errno == errno.ELOOP:
+            raise UnsafePathError(
+                errno.ELOOP, "a symbolic link: aprof follows no link below save_path"
+            ) from None
+        raise
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):

@@ -12,6 +12,8 @@ and pydantic's errors as one :class:`~aprof.ConfigError` (verl's config: ``aprof
 from aprof._config.errors import config_error
 from aprof._config.load import ConfigSource, load_config
 from aprof._config.models import (
+    ControlConfig,
+    ControlHTTPConfig,
     GlobalProfilerConfig,
     LimitsConfig,
     LogConfig,
@@ -21,11 +23,13 @@ from aprof._config.models import (
     RoleConfig,
     RolloutConfig,
     ScheduleConfig,
+    SlowTriggerConfig,
     TimelineConfig,
     TimeoutsConfig,
     ToolConfig,
     TorchMemoryToolConfig,
     TorchToolConfig,
+    TriggersConfig,
 )
 from aprof._config.reading import read_config_file, to_plain
 from aprof._config.steps import StepSelection, key_member, show_value
@@ -35,6 +39,8 @@ __all__ = [
     "NPU_CONTENTS",
     "TORCH_CONTENTS",
     "ConfigSource",
+    "ControlConfig",
+    "ControlHTTPConfig",
     "GlobalProfilerConfig",
     "LimitsConfig",
     "LogConfig",
@@ -44,12 +50,14 @@ __all__ = [
     "RoleConfig",
     "RolloutConfig",
     "ScheduleConfig",
+    "SlowTriggerConfig",
     "StepSelection",
     "TimelineConfig",
     "TimeoutsConfig",
     "ToolConfig",
     "TorchMemoryToolConfig",
     "TorchToolConfig",
+    "TriggersConfig",
     "config_error",
     "key_member",
     "load_config",

@@ -21,7 +21,7 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 
-from aprof._config.steps import StepSelection, key_member, show_value
+from aprof._config.steps import MAX_INT, StepSelection, key_member, show_value
 from aprof._config.types import (
     NPU_DEFAULT,
     TORCH_DEFAULT,
@@ -347,6 +347,57 @@ class TimelineConfig(_Model):
     )
 
 
+class ControlHTTPConfig(_Model):
+    """The control endpoint on 127.0.0.1: ``POST /capture`` and ``GET /status``."""
+
+    port: Annotated[int, Strict()] = Field(
+        ge=0, le=65535, description="Port on 127.0.0.1; 0 = a free one (see control/endpoint.json)."
+    )
+    token_file: Pathname = Field(
+        description="File holding the token a request must bear (Authorization: Bearer ...)."
+    )
+
+
+class ControlConfig(_Model):
+    """Capture requests to a live run (``aprof capture``), read at step boundaries."""
+
+    enable: StrictBool = Field(True, description="Read save_path/control/ at step boundaries.")
+    http: ControlHTTPConfig | None = Field(
+        None, description="Also take requests over HTTP on 127.0.0.1; null = off."
+    )
+
+
+class SlowTriggerConfig(_Model):
+    """Capture the next steps when a step is slower than its recent past."""
+
+    factor: Annotated[float, Strict(), Field(allow_inf_nan=False)] = Field(
+        2.0, gt=1.0, le=1000.0, description="Slow means above factor x the baseline's median."
+    )
+    baseline_steps: Annotated[int, Strict()] = Field(
+        20, ge=1, le=10_000, description="Unprofiled steps whose median is the baseline."
+    )
+    confirm: Annotated[int, Strict()] = Field(
+        1, ge=1, le=1000, description="Consecutive slow steps before it fires."
+    )
+    cooldown_steps: Annotated[int, Strict()] = Field(
+        50, ge=0, le=MAX_INT, description="Steps it stays quiet after its captures."
+    )
+    capture: Annotated[int, Strict()] = Field(
+        1, ge=1, le=100, description="Steps captured when it fires."
+    )
+
+
+class TriggersConfig(_Model):
+    """Captures a run asks for itself; null = off."""
+
+    slow_step: SlowTriggerConfig | None = Field(
+        None, description="On a step's wall time (entering to leaving it)."
+    )
+    slow_rollout: SlowTriggerConfig | None = Field(
+        None, description="On a step's rollout time (its first request to its last answer)."
+    )
+
+
 class ProfilerConfig(_Model):
     """The whole aprof configuration."""
 
@@ -360,6 +411,8 @@ class ProfilerConfig(_Model):
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     timeline: TimelineConfig = Field(default_factory=TimelineConfig)
+    control: ControlConfig = Field(default_factory=ControlConfig)
+    triggers: TriggersConfig = Field(default_factory=TriggersConfig)
     strict: StrictBool = Field(False, description="Let capture errors escape step/request.")
 
     @field_validator("roles", mode="before")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable
 
 from aprof._config import ProfilerConfig
+from aprof._core.plan import Claim
 from aprof._core.targets import Targets
 from aprof._core.window import WindowRun
 from aprof._core.windows import Windows
@@ -31,10 +32,23 @@ class Admission:
         """What requests read as they enter."""
         self.windows: dict[int, WindowRun] = {}
         """This step's rollout windows, by replica."""
+        self.replicas: dict[int, Claim] = {}
+        """The replicas the open step captures, with why."""
 
-    def begin(self, step: int) -> None:
-        """Step ``step`` is open."""
-        self.gate.step = step
+    def begin(self, step: int, replicas: dict[int, Claim]) -> None:
+        """Step ``step`` is open and captures ``replicas``."""
+        gate = self.gate
+        gate.step = step
+        gate.first_ns = gate.last_ns = 0
+        self.replicas = replicas
+
+    def rollout_s(self) -> float | None:
+        """The open step's rollout so far: from its first request's entry to its last
+        request's end, in seconds; ``None`` before a request of it has ended."""
+        gate = self.gate
+        if not gate.first_ns or gate.last_ns < gate.first_ns:
+            return None
+        return (gate.last_ns - gate.first_ns) / 1e9
 
     def open_rollouts(self, *, all_now: bool) -> list[WindowRun]:
         """The step has rollout windows: requests are admitted from now on; with ``all_now``
@@ -42,7 +56,7 @@ class Admission:
         self.gate.live = True
         if not all_now:
             return []
-        opened = (self.window_of(r) for r in self._targets.selected_replicas())
+        opened = (self.window_of(r) for r in sorted(self.replicas))
         return [run for run in opened if run is not None]
 
     def end(self, step: int, reason: StopReason) -> list[WindowRun]:
@@ -52,11 +66,13 @@ class Admission:
         for run in closed:
             self._windows.close(run, reason)
         if self.gate.live:
-            for replica in self._targets.selected_replicas():
+            for replica, claim in sorted(self.replicas.items()):
                 if replica not in self.windows:
                     machine = self._targets.by_replica[replica]
-                    self._windows.skip(machine, step, f"no request reached replica {replica}")
+                    why = f"no request reached replica {replica}"
+                    self._windows.skip(machine, step, claim, why)
         self.windows = {}
+        self.replicas = {}
         self.gate.live = False
         self.gate.step = None
         return closed
@@ -90,10 +106,11 @@ class Admission:
         if run is not None:
             return run
         machine = self._targets.by_replica.get(replica)
+        claim = self.replicas.get(replica)
         step = self.gate.step
-        if machine is None or step is None or not self._config.rollout.selects(replica):
+        if machine is None or step is None or claim is None:
             return None
-        self.windows[replica] = run = self._windows.open(machine, step)
+        self.windows[replica] = run = self._windows.open(machine, step, claim)
         return run
 
     def open_for(self, step: int, replica: int) -> WindowRun | None:

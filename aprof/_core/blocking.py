@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from types import TracebackType
@@ -12,6 +12,7 @@ from typing import Literal
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from aprof._config import ConfigSource, ProfilerConfig
+from aprof._control import CaptureAnswer
 from aprof._core.profiler import Profiler
 from aprof._errors import UsageError
 from aprof._manifest import Manifest
@@ -70,6 +71,27 @@ class BlockingProfiler:
     def step(self, n: int) -> AbstractContextManager[int]:
         """``with prof.step(n):`` global step ``n``: opens and closes that step's windows."""
         return self._open_portal().wrap_async_context_manager(self._profiler.step(n))
+
+    def capture(
+        self,
+        next: int | None = None,
+        steps: str | Sequence[int] | None = None,
+        *,
+        replicas: Sequence[int] | None = None,
+        roles: Sequence[str] | None = None,
+        forward_steps: int | None = None,
+    ) -> CaptureAnswer:
+        """Capture the next ``next`` global steps (default 1), or the listed ``steps``: see
+        :meth:`aprof.Profiler.capture`."""
+
+        def capture() -> CaptureAnswer:
+            return self._profiler.capture(
+                next, steps, replicas=replicas, roles=roles, forward_steps=forward_steps
+            )
+
+        if self._portal is None or self._status != "open":
+            return capture()
+        return self._portal.call(capture)
 
     def span(self, name: str, /, **attrs: AttrValue) -> AbstractContextManager[None]:
         """``with prof.span(name, **attrs):`` a timeline span of the caller's code."""

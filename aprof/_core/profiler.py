@@ -5,6 +5,8 @@
 - ``window.py``: one window's life (its phases and the moves between them);
 - ``target_machine.py``: one target driven through its windows: start, poll, stop;
 - ``steps.py``: entering and leaving global steps;
+- ``plan.py``: which steps are captured, on which targets, and why;
+- ``control.py``: capture requests and triggers deciding that at run time, and the status;
 - ``admission.py``: requests entering the open step, gated while their window starts;
 - ``disk_guard.py``: no capture starts while the manifest cannot be written;
 - ``process_timeline.py``: this process's timeline;
@@ -16,7 +18,7 @@ from __future__ import annotations
 import os
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -25,13 +27,17 @@ from typing import Literal
 import structlog
 
 from aprof._config import ProfilerConfig, load_config
+from aprof._control import CaptureAnswer, CaptureRequest
 from aprof._core.admission import Admission
+from aprof._core.control import Control
 from aprof._core.disk_guard import DiskGuard
+from aprof._core.plan import Plan
 from aprof._core.process_timeline import ProcessTimeline, Recording
 from aprof._core.serving import Serving
 from aprof._core.steps import Steps
 from aprof._core.target_machine import TargetMachine
 from aprof._core.targets import Targets
+from aprof._core.window import Phase, WindowRun
 from aprof._core.windows import Windows, wait
 from aprof._errors import ConfigError, UsageError
 from aprof._layout import OutputLayout
@@ -93,7 +99,20 @@ class Profiler(Recording):
             files=files,
             timeline=self._timeline,
             refused=self._guard.refused,
-            on_rollout_change=self._rollout_changed,
+            on_move=self._window_moved,
+            log=log,
+        )
+        self._plan = Plan(cfg, self._targets)
+        self._control = Control(
+            cfg,
+            plan=self._plan,
+            files=files,
+            layout=layout,
+            run_id=self.run_id,
+            disk=self._disk,
+            live=lambda: list(self._windows.live.values()),
+            disk_error=lambda: self._guard.error,
+            note=self._windows.note,
             log=log,
         )
         self._admission = Admission(cfg, self._targets, self._windows)
@@ -105,6 +124,7 @@ class Profiler(Recording):
             windows=self._windows,
             admission=self._admission,
             files=files,
+            decide=lambda request: self._control.capture(request, "on_demand"),
         )
         """What other processes reach of this profiler once it is shared (``aprof.ray``)."""
         self._steps = Steps(
@@ -115,6 +135,8 @@ class Profiler(Recording):
             guard=self._guard,
             timeline=self._timeline,
             serving=self._serving,
+            plan=self._plan,
+            control=self._control,
         )
 
     # -- public API -------------------------------------------------------------------------
@@ -150,15 +172,43 @@ class Profiler(Recording):
         """
         return _Step(self, n)
 
+    def capture(
+        self,
+        next: int | None = None,
+        steps: str | Sequence[int] | None = None,
+        *,
+        replicas: Sequence[int] | None = None,
+        roles: Sequence[str] | None = None,
+        forward_steps: int | None = None,
+    ) -> CaptureAnswer:
+        """Capture the next ``next`` global steps (default 1), or the listed ``steps``
+        (``"120,130-132"`` or a list), as if the config had selected them.
+
+        ``replicas`` and ``roles`` narrow the targets (default: every replica with a target
+        and every role the config captures; naming one kind leaves the other out);
+        ``forward_steps`` bounds each rollout window. Returns the run's answer: what it will
+        capture, what was selected already, or why it refused (a step begun already, an
+        unknown replica or role). Raises ``ConfigError`` for a malformed argument and
+        ``UsageError`` once the profiler is closed.
+        """
+        if self._status == "closed":
+            raise UsageError("the profiler is closed")
+        request = CaptureRequest.of(
+            next, steps, replicas=replicas, roles=roles, forward_steps=forward_steps
+        )
+        return self._control.capture(request, "on_demand")
+
     async def flush(self) -> None:
-        """Write the manifest and the timeline recorded so far, and wait until both are on
-        disk (at most ``timeouts.stop_s``).
+        """Write the manifest, the run's status and the timeline recorded so far, and wait
+        until they are on disk (at most ``timeouts.stop_s``).
 
         Every change and every step end writes them without waiting; call this before
         reading them back during the run, or now and then in a run without steps. Write
         errors are logged, never raised.
         """
         await self._timeline.write_now()
+        if self._status == "open":
+            self._control.write_status()
         await self._files.flush(self.config.timeouts.stop_s)
 
     async def __aenter__(self) -> Profiler:
@@ -173,6 +223,11 @@ class Profiler(Recording):
             ) from None
         self._status = "open"
         self._files.open()
+        try:
+            await self._control.open()
+        except BaseException:
+            await self.aclose()
+            raise
         self._log.info(
             "profiler open",
             save_path=str(self._layout.root),
@@ -194,8 +249,10 @@ class Profiler(Recording):
             self._status = "closed"
             return
         try:
+            self._control.closing()
             self._steps.end_run()
             await wait(self._windows.tasks, self._windows.bound())
+            await self._control.aclose()
             await self._serving.aclose()
             await self._targets.aclose()
         finally:
@@ -237,8 +294,13 @@ class Profiler(Recording):
     def _write_counts(self, step: int) -> None:
         self._windows.write_counts(step)
 
-    def _rollout_changed(self) -> None:
-        self._serving.changed()
+    def _window_moved(self, run: WindowRun, phase: Phase) -> None:
+        if run.window.kind == "rollout":
+            self._serving.changed()
+        if phase.final:
+            self._control.window_ended(run)
+        else:
+            self._control.changed()
 
     def _timeline_written(self) -> None:
         self._files.list_timeline(self._timeline.files())

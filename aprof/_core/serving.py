@@ -8,7 +8,10 @@ changed, waited for as a step begins, and calling back :meth:`Serving.view`,
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from aprof._config import ProfilerConfig
+from aprof._control import CaptureAnswer, CaptureRequest
 from aprof._core.admission import Admission
 from aprof._core.sharing import Link, RemotePhase, Report, RolloutView
 from aprof._core.targets import Targets
@@ -28,12 +31,14 @@ class Serving:
         windows: Windows,
         admission: Admission,
         files: ManifestFiles,
+        decide: Callable[[CaptureRequest], CaptureAnswer],
     ) -> None:
         self.config = config
         self._targets = targets
         self._windows = windows
         self._admission = admission
         self._files = files
+        self._decide = decide
         self.link: Link | None = None
         """The transport to the other processes, once the profiler is shared."""
 
@@ -63,7 +68,7 @@ class Serving:
         phases: dict[int, RemotePhase] = {}
         if gate.live:
             due = self.config.rollout.start == "on_first_request"
-            for replica in self._targets.selected_replicas():
+            for replica in sorted(self._admission.replicas):
                 run = self._admission.windows.get(replica)
                 if run is not None:
                     phases[replica] = shared_phase(run)
@@ -78,6 +83,12 @@ class Serving:
         # A window that starts tells the others itself (its move); else tell them here.
         if run is None or run.phase is not Phase.STARTING:
             self.changed()
+
+    def capture(self, fields: dict[str, object]) -> dict[str, object]:
+        """Another process's ``capture(...)``: the driver decides it as its own; the answer as
+        plain JSON fields (``ConfigError`` for a malformed request, raised there)."""
+        answer = self._decide(CaptureRequest.parse(fields))
+        return answer.model_dump(mode="json", by_alias=True)
 
     def take_report(self, process: str, report: Report) -> None:
         """Add what ``process`` counted to its windows, and list its timeline files."""

@@ -1,9 +1,11 @@
 """Global steps: entering one opens its windows, leaving it closes them.
 
-A selected step opens a window on every selected role target (the step waits until they have
-started: a role capture must see its step from the beginning) and makes its rollout windows
-due; leaving the step closes them, except the role windows of a continuous run, which go on
-into the next selected step.
+A step the plan captures (the config's, or one added while the run goes on) opens a window on
+each of its role targets (the step waits until they have started: a role capture must see its
+step from the beginning) and makes its rollout windows due; leaving the step closes them,
+except the role windows of a continuous run, which go on into the next captured step. At each
+boundary the control folder's requests are decided first, and the triggers measure the step
+that ended.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import asyncio
 
 from aprof._config import ProfilerConfig
 from aprof._core.admission import Admission
+from aprof._core.control import Control
 from aprof._core.disk_guard import DiskGuard
+from aprof._core.plan import Plan, Scope
 from aprof._core.process_timeline import ProcessTimeline
 from aprof._core.serving import Serving
 from aprof._core.targets import Targets
@@ -36,6 +40,8 @@ class Steps:
         guard: DiskGuard,
         timeline: ProcessTimeline,
         serving: Serving,
+        plan: Plan,
+        control: Control,
     ) -> None:
         self._config = config
         self._targets = targets
@@ -44,6 +50,10 @@ class Steps:
         self._guard = guard
         self._timeline = timeline
         self._serving = serving
+        self._plan = plan
+        self._control = control
+        self._profiled = False
+        """The open step has windows (it is no trigger's baseline)."""
         self._entered: set[int] = set()
         """Selected steps entered so far (a step entered again opens no window)."""
         self._roles: dict[str, WindowRun] = {}
@@ -62,39 +72,52 @@ class Steps:
             raise StepError(f"global steps are integers >= 1, got {n!r}")
         if self.current is not None:
             raise UsageError(f"step {n} entered while step {self.current} is open")
-        selected = n in self._config.global_profiler.steps
+        self._control.boundary()
+        scope, passed = self._plan.begin(n)
+        for s in passed:
+            self._windows.note(
+                s, None, f"step {s} was to be captured, and the run never entered it"
+            )
+        if scope is not None and n in self._entered:
+            self._windows.note(n, None, f"step {n} entered again: its windows were captured before")
+            scope = None
+        self._profiled = scope is not None
         self._began = now_ns()
         for name, run in list(self._roles.items()):
             target = self._targets.by_name[name].target
-            continues = self._targets.continuous(target) and selected and run.last_step == n - 1
-            if not (continues and self._targets.role_selected(target)):
+            continues = (
+                self._targets.continuous(target)
+                and scope is not None
+                and name in scope.roles
+                and run.last_step == n - 1
+            )
+            if not continues:
                 self._windows.close(run, "step_end")
                 del self._roles[name]
-        self._admission.begin(n)
-        if selected and n in self._entered:
-            self._windows.note(n, None, f"step {n} entered again: its windows were captured before")
-        elif selected:
+        self._admission.begin(n, {} if scope is None else scope.replicas)
+        if scope is not None:
             self._entered.add(n)
-            await self._open(n)
+            await self._open(n, scope)
+        self._control.step_began(n)
         self._serving.changed()
         await self._serving.entered(n)
 
-    async def _open(self, n: int) -> None:
-        """Open the windows of selected step ``n`` and wait for those it waits for."""
+    async def _open(self, n: int, scope: Scope) -> None:
+        """Open the windows of step ``n`` and wait for those it waits for."""
         cfg = self._config
         try:
             await self._guard.recheck(cfg.timeouts.connect_s)  # has the disk come back?
             roles: list[WindowRun] = []
-            for machine in self._targets.selected_roles():
-                name = machine.target.name
+            for name, claim in scope.roles.items():
                 if name in self._roles:
                     self._roles[name].extend_to(n)
                     continue
-                self._roles[name] = run = self._windows.open(machine, n)
+                machine = self._targets.by_name[name]
+                self._roles[name] = run = self._windows.open(machine, n, claim)
                 roles.append(run)
             rollouts = (
                 self._admission.open_rollouts(all_now=cfg.rollout.start == "on_step")
-                if cfg.rollout.enable
+                if scope.replicas
                 else []
             )
             # A role window must see its step from the beginning, so the step waits for it,
@@ -119,7 +142,13 @@ class Steps:
             if isinstance(exc, asyncio.CancelledError)
             else "error"
         )
+        wall_s = (now_ns() - self._began) / 1e9
+        rollout_s = self._admission.rollout_s()
+        profiled = self._profiled
         rollouts, roles = self.leave_now(n, reason)
+        if exc is None:
+            self._control.step_ended(n, wall_s, rollout_s, profiled=profiled)
+        self._control.read_folder()  # found by the next step's entry
         cfg = self._config
         waits_for_all = cfg.global_profiler.wait_for_stops or cfg.strict
         try:
@@ -136,14 +165,14 @@ class Steps:
     def leave_now(self, n: int, reason: StopReason) -> tuple[list[WindowRun], list[WindowRun]]:
         """Close the windows that end with step ``n``, without waiting; returns its rollout
         windows and the role windows that end with it."""
-        cfg = self._config
         if self.current == n:  # else the profiler's close ended it already
-            self._timeline.step(n, n in cfg.global_profiler.steps, self._began)
+            self._timeline.step(n, self._profiled, self._began)
         rollouts = self._admission.end(n, reason)
-        keep = reason == "step_end" and (n + 1) in cfg.global_profiler.steps
         roles: list[WindowRun] = []
         for name, run in list(self._roles.items()):
-            if keep and self._targets.continuous(self._targets.by_name[name].target):
+            target = self._targets.by_name[name].target
+            keep = reason == "step_end" and self._plan.continues(n + 1, name)
+            if keep and self._targets.continuous(target):
                 continue
             self._windows.close(run, reason)
             roles.append(run)

@@ -10,6 +10,7 @@ import structlog
 
 from aprof._capture import Window
 from aprof._config import ProfilerConfig
+from aprof._core.plan import Claim
 from aprof._core.process_timeline import ProcessTimeline
 from aprof._core.target_machine import TargetMachine
 from aprof._core.targets import Targets, role_of
@@ -34,7 +35,7 @@ class Windows:
         files: ManifestFiles,
         timeline: ProcessTimeline,
         refused: Callable[[], str | None],
-        on_rollout_change: Callable[[], None],
+        on_move: Callable[[WindowRun, Phase], None],
         log: structlog.typing.FilteringBoundLogger,
     ) -> None:
         self._config = config
@@ -50,13 +51,13 @@ class Windows:
         """The stops under way."""
         self._refused = refused
         """Why no window may start now (the disk guard's answer), ``None`` when they may."""
-        self._on_rollout_change = on_rollout_change
-        """Told when a rollout window moves (the processes the profiler is shared with)."""
+        self._on_move = on_move
+        """Told of every move, after the log and the manifest (the shared view, the status)."""
 
-    def open(self, machine: TargetMachine, step: int) -> WindowRun:
-        """A new window of ``machine``'s target for ``step``, started now or after the
-        target's previous stop (failed at once when windows may not start)."""
-        run = self._run(machine, step)
+    def open(self, machine: TargetMachine, step: int, claim: Claim) -> WindowRun:
+        """A new window of ``machine``'s target for ``step`` as ``claim`` asks, started now or
+        after the target's previous stop (failed at once when windows may not start)."""
+        run = self._run(machine, step, claim)
         refused = self._refused()
         if refused is not None:
             run.started.set()
@@ -67,19 +68,19 @@ class Windows:
         machine.open(run)
         return run
 
-    def skip(self, machine: TargetMachine, step: int, why: str) -> None:
+    def skip(self, machine: TargetMachine, step: int, claim: Claim, why: str) -> None:
         """Record ``machine``'s window of ``step`` as skipped for ``why``; nothing starts."""
-        self._run(machine, step).end(Phase.SKIPPED, reason="step_end", detail=why)
+        self._run(machine, step, claim).end(Phase.SKIPPED, reason="step_end", detail=why)
         self.note(step, machine.target.name, why)
 
-    def _run(self, machine: TargetMachine, step: int) -> WindowRun:
+    def _run(self, machine: TargetMachine, step: int, claim: Claim) -> WindowRun:
         """A new window of ``machine``'s target for ``step``, listed in the manifest."""
         target = machine.target
         cfg = self._config
         if target.kind == "rollout":
             assert target.replica is not None
             folder = self._layout.rollout_dir(step, target.replica)
-            delay, forward_steps = cfg.rollout.delay, cfg.rollout.forward_steps
+            delay, forward_steps = cfg.rollout.delay, claim.forward_steps
         else:
             folder = self._layout.role_dir(step, role_of(target), getattr(target, "rank", None))
             delay, forward_steps = 0, None
@@ -98,6 +99,7 @@ class Windows:
             target=target.name,
             kind=target.kind,
             tool=str(getattr(target, "tool", cfg.global_profiler.tool)),
+            requested_by=claim.requested_by,
             forward_steps=ForwardSteps(delay=delay, requested=forward_steps),
         )
         self._files.add_window(record)
@@ -124,8 +126,7 @@ class Windows:
         if phase is Phase.DONE:
             self._flag_if_large(run)
         self._files.changed(window.step)
-        if window.kind == "rollout":
-            self._on_rollout_change()
+        self._on_move(run, phase)
 
     def note(self, step: int | None, target: str | None, text: str) -> None:
         """Write down something about a window, a step or the run that is not a failure."""

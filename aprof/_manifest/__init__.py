@@ -6,7 +6,7 @@
 """
 
 from aprof._manifest.files import ManifestFiles
-from aprof._manifest.load import load_manifest
+from aprof._manifest.load import load_manifest, load_step
 from aprof._manifest.model import (
     Clock,
     EnforcedBy,
@@ -16,6 +16,7 @@ from aprof._manifest.model import (
     Note,
     RankCapture,
     RequestCounts,
+    RequestedBy,
     StopReason,
     TimelineFile,
     WindowRecord,
@@ -32,9 +33,11 @@ __all__ = [
     "Note",
     "RankCapture",
     "RequestCounts",
+    "RequestedBy",
     "StopReason",
     "TimelineFile",
     "WindowRecord",
     "WindowState",
     "load_manifest",
+    "load_step",
 ]

@@ -134,6 +134,14 @@ class ManifestFiles:
             self.manifest.timeline = listed
             self.changed(None)
 
+    def put(self, key: Key, data: bytes) -> None:
+        """Have another file of the run (``key`` below ``save_path``) written by the same
+        thread, atomically and newest version first: the control folder's answers and
+        status. One that cannot be written is logged and dropped, never tried again and no
+        trouble of the manifest's; dropped too once the files are closed."""
+        if self._writer is not None:
+            self._writer.put(key, data, keep_previous=False, guarded=False)
+
     def window(self, step: int, target: str) -> WindowRecord | None:
         """The record of ``target``'s window of ``step``, if that step is still held."""
         held = self._steps.get(step)
@@ -243,6 +251,8 @@ class ManifestFiles:
 class _Item:
     data: bytes
     keep_previous: bool
+    guarded: bool
+    """A manifest file: a failed write is the disk guard's trouble, and tried again."""
 
 
 class _Writer:
@@ -260,16 +270,18 @@ class _Writer:
         self.given_up: list[str] = []
         """Files whose versions were dropped unwritten while the disk refused them."""
         self._closing = False
+        self._other_failing: str | None = None
+        """Why the last other file (not the manifest's) could not be written."""
         self._thread = threading.Thread(target=self._run, name="aprof-manifest", daemon=True)
         self._thread.start()
 
-    def put(self, key: Key, data: bytes, *, keep_previous: bool) -> None:
+    def put(self, key: Key, data: bytes, *, keep_previous: bool, guarded: bool = True) -> None:
         """Have ``key`` written with ``data`` (a newer version replaces one still waiting)."""
         with self._cond:
             waiting = self._pending.pop(key, None)
             keep = keep_previous or (waiting is not None and waiting.keep_previous)
             self._waiting_bytes += len(data) - (0 if waiting is None else len(waiting.data))
-            self._pending[key] = _Item(data, keep)
+            self._pending[key] = _Item(data, keep, guarded)
             while self._waiting_bytes > _WAITING_BYTES and len(self._pending) > 1:
                 oldest = next(k for k in self._pending if k != (FILENAME,))
                 self._waiting_bytes -= len(self._pending.pop(oldest).data)
@@ -320,6 +332,10 @@ class _Writer:
             error = self._write(key, item)
             with self._cond:
                 self._busy = None
+                if not item.guarded:
+                    self._unguarded(error)
+                    self._cond.notify_all()
+                    continue
                 if error is not None:
                     self._failures += 1
                     if key not in self._pending:  # else a newer version waits already
@@ -334,6 +350,16 @@ class _Writer:
                 if first:  # before waiters wake: a flush that returns finds the news told
                     self._report(self._failing)
                 self._cond.notify_all()
+
+    def _unguarded(self, error: str | None) -> None:
+        """An other file was written (``None``) or not: said on the log once each way."""
+        if (error is None) == (self._other_failing is None):
+            return
+        if error is not None:
+            logger.warning("control file not written", error=error)
+        else:
+            logger.info("control files written again")
+        self._other_failing = error
 
     def _write(self, key: Key, item: _Item) -> str | None:
         path = self._layout.root.joinpath(*key)

@@ -58,6 +58,20 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
     )
 
 
+def load_step(path: str | os.PathLike[str], step: int, run_id: str) -> list[WindowRecord]:
+    """The windows of ``step`` of run ``run_id`` below ``save_path`` ``path`` (none while its
+    step file is not written, or holds another run's); ``ManifestError`` if it is unreadable."""
+    file = Path(path) / STEPS_FOLDER / f"step_{step}.json"
+    try:
+        data = _read(file, STEP_SCHEMA)
+    except ManifestError:
+        if not os.path.lexists(file):
+            return []
+        raise
+    found = _validate(StepFile, data, file)
+    return found.windows if found.run_id == run_id else []
+
+
 def _step_files(folder: Path) -> list[Path]:
     """Every ``step_<n>.json`` in ``folder``, by step."""
     found = []

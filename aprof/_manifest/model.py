@@ -38,6 +38,9 @@ STEP_FILE = re.compile(r"step_([1-9][0-9]{0,17})\.json")
 WindowState = Literal["running", "done", "failed", "timeout", "skipped"]
 StopReason = Literal["auto_stop", "step_end", "run_end", "error", "cancelled"]
 EnforcedBy = Literal["server", "aprof", "none"]
+RequestedBy = Literal["config", "on_demand", "slow_step", "slow_rollout"]
+"""Why a window exists: the config selected its step, a person asked (``aprof capture``,
+``prof.capture``), or a trigger fired."""
 
 
 class _Model(BaseModel):
@@ -114,6 +117,7 @@ class WindowRecord(_Model):
     target: str
     kind: Literal["rollout", "role"]
     tool: str
+    requested_by: RequestedBy = "config"
     state: WindowState = "running"
     stop_reason: StopReason | None = None
     started_ns: int | None = None

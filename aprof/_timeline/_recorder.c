@@ -943,6 +943,8 @@ typedef struct {
     PyObject *admit; /* called with the request while `live` */
     PyObject *step;  /* the global step now open, or None */
     char live;       /* the step now open has rollout windows */
+    long long first_ns; /* the first request of `step` entered then (0: none yet) */
+    long long last_ns;  /* the last request of `step` to end ended then (0: none yet) */
 } Gate;
 
 static PyTypeObject Gate_Type;
@@ -969,6 +971,8 @@ gate_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     self->admit = Py_NewRef(admit);
     self->step = Py_NewRef(Py_None);
     self->live = 0;
+    self->first_ns = 0;
+    self->last_ns = 0;
     return (PyObject *)self;
 }
 
@@ -1003,6 +1007,10 @@ static PyMemberDef gate_members[] = {
     {"step", T_OBJECT, offsetof(Gate, step), 0, "The global step now open, if any."},
     {"live", T_BOOL, offsetof(Gate, live), 0,
      "The step now open has rollout windows: requests are admitted."},
+    {"first_ns", T_LONGLONG, offsetof(Gate, first_ns), 0,
+     "When the first request of `step` entered (monotonic ns); 0 until one has."},
+    {"last_ns", T_LONGLONG, offsetof(Gate, last_ns), 0,
+     "When the last request of `step` to end ended (monotonic ns); 0 until one has."},
     {NULL},
 };
 
@@ -1156,8 +1164,11 @@ request_aenter(Request *self, PyObject *unused)
 {
     Gate *gate = self->gate;
     Py_SETREF(self->step, Py_NewRef(gate->step == NULL ? Py_None : gate->step));
+    self->begin = now_ns();
+    if (gate->first_ns == 0) {
+        gate->first_ns = self->begin;
+    }
     if (self->recorder != NULL) {
-        self->begin = now_ns();
         if (PySet_Add(self->recorder->open, (PyObject *)self) < 0) {
             return NULL;
         }
@@ -1190,8 +1201,12 @@ request_aexit(Request *self, PyObject *const *args, Py_ssize_t nargs)
     if (check_exit("__aexit__", nargs) < 0) {
         return NULL;
     }
+    int64_t end = now_ns();
+    /* The step's requests end: the gate keeps when the last one did (its rollout's end). */
+    if (self->step == self->gate->step) {
+        self->gate->last_ns = end;
+    }
     if (self->recorder != NULL) {
-        int64_t end = now_ns();
         PyObject *note = note_of(args[0]);
         if (note == NULL) {
             return NULL;

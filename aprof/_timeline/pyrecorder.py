@@ -39,7 +39,7 @@ class Gate:
     window and returns ``None`` if it may go now, or what it awaits first (the window's start).
     """
 
-    __slots__ = ("admit", "live", "step")
+    __slots__ = ("admit", "first_ns", "last_ns", "live", "step")
 
     def __init__(self, admit: Callable[[Request], Awaitable[Request] | None], /) -> None:
         if not callable(admit):
@@ -49,6 +49,10 @@ class Gate:
         """The global step now open, if any."""
         self.live = False
         """The step now open has rollout windows: requests are admitted."""
+        self.first_ns = 0
+        """When the first request of ``step`` entered (monotonic ns); 0 until one has."""
+        self.last_ns = 0
+        """When the last request of ``step`` to end ended (monotonic ns); 0 until one has."""
 
 
 @final
@@ -280,8 +284,10 @@ class Request:
     async def __aenter__(self) -> Request:
         gate = self._gate
         self._step = gate.step
+        self._begin = now_ns()
+        if not gate.first_ns:
+            gate.first_ns = self._begin
         if self._recorder is not None:
-            self._begin = now_ns()
             self._recorder.open.add(self)
         if gate.live:
             try:
@@ -300,8 +306,12 @@ class Request:
         tb: TracebackType | None,
         /,
     ) -> None:
+        end = now_ns()
+        # The step's requests end: the gate keeps when the last one did (its rollout's end).
+        if self._step is self._gate.step:
+            self._gate.last_ns = end
         if self._recorder is not None:
-            self._end(now_ns(), _note(exc_type))
+            self._end(end, _note(exc_type))
 
     def forward(self, tokens: int = 0) -> None:
         """Report progress of the request; reported tokens add up."""

@@ -41,12 +41,13 @@ class LocalWorker:
         self._first = len(profiler.captures)
 
     def begin_step(self, step: int) -> None:
-        """Open the window at global step ``step``, synchronously."""
+        """Open the window at global step ``step``, synchronously (the driver decided it:
+        the worker's own config need not select the step)."""
         # A window whose begin answered after the driver's bound may never have been ended:
         # close it, or the new window would continue it.
         self.profiler.close()
         self._first = len(self.profiler.captures)
-        self.profiler.begin_step(step)
+        self.profiler.begin_window(step)
 
     def end_step(self) -> list[WorkerCapture]:
         """Close the window, synchronously; the captures made since :meth:`begin_step`, once."""

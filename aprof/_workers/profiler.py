@@ -109,12 +109,10 @@ class WorkerProfiler:
         self.role = check_name(role, "role")
         self.rank, self.world_size = _rank_and_size(rank, world_size)
         role_cfg = self.config.roles.get(role)
-        self.enabled = (
-            role_cfg is not None
-            and role_cfg.selects(self.rank)
-            and not self.config.global_profiler.steps.is_empty
-        )
-        """True when this rank of this role captures at all."""
+        self._selected = role_cfg is not None and role_cfg.selects(self.rank)
+        """The config captures this rank of this role (when a step is captured)."""
+        self.enabled = self._selected and not self.config.global_profiler.steps.is_empty
+        """True when this rank of this role captures steps of its own config."""
         self.discrete = role_cfg is not None and role_cfg.discrete
         self.captures: list[WorkerCapture] = []
         """Every capture of this process so far, in order."""
@@ -148,12 +146,22 @@ class WorkerProfiler:
             self.end_step()
 
     def begin_step(self, step: int) -> None:
-        """Global step ``step`` begins (a step capture opens here unless discrete)."""
-        if not self.enabled:
-            return
+        """Global step ``step`` begins (a step capture opens here unless discrete), if the
+        config selects it."""
+        if self.enabled:
+            self._begin(step, step in self._steps)
+
+    def begin_window(self, step: int) -> None:
+        """The driver's window of global step ``step`` begins here: captured as a selected
+        step, whether the config selects it or a capture asked for it at run time
+        (``aprof capture``, a trigger)."""
+        if self._selected:
+            self._begin(step, True)
+
+    def _begin(self, step: int, captured: bool) -> None:
         if self._open is not None and step != self._open.last_step + 1:
             self._stop()  # a continuous run broken off: steps skipped or repeated
-        if step not in self._steps:
+        if not captured:
             self._step = None
             return
         self._step = step

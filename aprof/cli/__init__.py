@@ -17,12 +17,14 @@ from collections.abc import Sequence
 from typing import NoReturn, Protocol, cast
 
 SUBCOMMANDS: dict[str, str] = {
+    "capture": "have a live run capture its next steps (or given ones) on demand",
     "demo": "run a small profiled async RL loop and show what was captured",
     "launch-args": "print the env and args that launch a server ready for profiling",
     "merge": "merge each profiled step's timelines and traces into one trace on one clock",
     "npu-analyse": "parse raw *_ascend_pt captures (analysis: false) into readable results",
     "report": "what a run captured, step by step, problems first (and report.html)",
     "serve-reference": "run the embedded reference inference server (vLLM or SGLang dialect)",
+    "status": "a run seen from outside: alive or ended, its step, windows, plans and triggers",
     "validate": "check a config file and print the resolved config",
 }
 """Every subcommand's name and the help ``aprof --help`` shows for it."""

@@ -2,18 +2,20 @@
 
 A Ray driver cannot be called by its actors, so the driver keeps a small async actor, the
 hub, on its node. The driver publishes its :class:`RolloutView` to the hub and long-polls it
-for mail (first requests that open a window, the processes' reports); every other process
-long-polls it for the view, handing in its report with each poll, and asks it for the
-outcome of a window that is due or starting. When the driver's profiler closes, its last view
-says so (``closing``): each process closes itself, and the driver waits for them (bounded).
+for mail (first requests that open a window, the processes' reports, their capture requests);
+every other process long-polls it for the view, handing in its report with each poll, asks
+it for the outcome of a window that is due or starting, and hands it capture requests, which
+wait there for the driver's decision. When the driver's profiler closes, its last view says
+so (``closing``): each process closes itself, and the driver waits for them (bounded).
 Every wait here is bounded.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
-from typing import Final, Literal
+import itertools
+from dataclasses import dataclass, field
+from typing import Final, Literal, NamedTuple
 
 from aprof._core.sharing import Counts, Report, RolloutView
 
@@ -26,7 +28,30 @@ WATCH_S: Final = 10.0
 """A process's watch returns after this long without news: its report flows at least this
 often, and a hub that is gone is noticed within it."""
 MAX_CALLS: Final = 10_000
-"""Calls the hub serves at once: one watch per process, one ask per (process, replica)."""
+"""Calls the hub serves at once: one watch per process, one ask per (process, replica), one
+per capture request waiting for the driver."""
+
+
+class Decision(NamedTuple):
+    """The driver's word on one capture request another process handed the hub: exactly one
+    field is set (plain values: it crosses processes)."""
+
+    answer: dict[str, object] | None = None
+    """The driver decided: its ``CaptureAnswer``'s JSON fields (accepted or refused)."""
+    malformed: tuple[str | None, str] | None = None
+    """The driver found the request malformed: its ``ConfigError``'s key and reason."""
+    error: str | None = None
+    """No decision: why (the driver closes, failed, or did not answer in time)."""
+
+
+@dataclass
+class Mail:
+    """What waits for the driver: asks that open a window, reports, capture requests."""
+
+    asks: list[tuple[int, int]] = field(default_factory=list)
+    reports: dict[str, Report] = field(default_factory=dict)
+    captures: dict[int, dict[str, object]] = field(default_factory=dict)
+    """Capture requests' fields, by the hub's number for each: answered by number."""
 
 
 @dataclass
@@ -53,6 +78,11 @@ class Hub:
         self._processes: dict[str, _Process] = {}
         self._asks: set[tuple[int, int]] = set()
         self._reports: dict[str, Report] = {}
+        self._captures: dict[int, dict[str, object]] = {}
+        """Capture requests the driver has not pulled yet."""
+        self._deciding: dict[int, asyncio.Future[Decision]] = {}
+        """The capture requests waiting for the driver's decision, pulled or not."""
+        self._numbers = itertools.count(1)
         self._woken = False
 
     # -- the driver's calls -------------------------------------------------------------------
@@ -86,16 +116,23 @@ class Hub:
             return late
 
     async def pull(self, wait_s: float) -> tuple[list[tuple[int, int]], dict[str, Report]]:
-        """The asks and reports waiting for the driver (waiting up to ``wait_s`` for some)."""
-        try:
-            async with asyncio.timeout(wait_s), self._mail:
-                await self._mail.wait_for(lambda: bool(self._asks or self._reports or self._woken))
-        except TimeoutError:
-            pass
-        self._woken = False
-        asks, self._asks = sorted(self._asks), set()
-        reports, self._reports = self._reports, {}
-        return asks, reports
+        """The asks and reports waiting for the driver (waiting up to ``wait_s`` for some);
+        capture requests stay for :meth:`pull_mail`."""
+        mail = await self._take(wait_s, captures=False)
+        return mail.asks, mail.reports
+
+    async def pull_mail(self, wait_s: float) -> Mail:
+        """All the mail waiting for the driver, capture requests too (waiting up to
+        ``wait_s`` for some): the driver's pull."""
+        return await self._take(wait_s, captures=True)
+
+    async def decided(self, decisions: dict[int, Decision]) -> None:
+        """The driver's decisions on the capture requests it pulled, by number: each goes to
+        the process waiting for it (one that gave up meanwhile is gone)."""
+        for number, decision in decisions.items():
+            waiting = self._deciding.get(number)
+            if waiting is not None and not waiting.done():
+                waiting.set_result(decision)
 
     async def closed(self, wait_s: float) -> list[str]:
         """Wait (at most ``wait_s``) until every process that watches and keeps up has
@@ -202,6 +239,35 @@ class Hub:
             return "started", version
         return ("failed" if saw_start or final == "failed" else "go"), version
 
+    async def capture(self, fields: dict[str, object]) -> Decision:
+        """A capture request's fields, for the driver to decide: its decision, once it comes
+        (at most ``connect_s`` later). A request the driver has not pulled by then is
+        withdrawn (never decided); one it pulled may still be."""
+        if self._view.closing:
+            return Decision(error="the driver's profiler is closing")
+        number = next(self._numbers)
+        decision: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
+        self._deciding[number] = decision
+        self._captures[number] = fields
+        try:
+            async with self._mail:
+                self._mail.notify_all()
+            async with asyncio.timeout(self._connect_s):
+                return await decision
+        except TimeoutError:
+            if self._captures.pop(number, None) is not None:
+                return Decision(
+                    error="the driver did not take it within timeouts.connect_s; it was "
+                    "withdrawn, not decided"
+                )
+            return Decision(
+                error="the driver took it and did not answer within timeouts.connect_s; it "
+                "may still be decided"
+            )
+        finally:
+            self._captures.pop(number, None)  # a caller cancelled withdraws it too
+            self._deciding.pop(number, None)
+
     async def close(self, name: str, report: Report) -> None:
         """The process's last report: it closed its remote profiler."""
         self._processes.setdefault(name, _Process()).closed = True
@@ -211,6 +277,25 @@ class Hub:
             self._news.notify_all()
 
     # -- helpers --------------------------------------------------------------------------------
+
+    async def _take(self, wait_s: float, *, captures: bool) -> Mail:
+        """The mail waiting for the driver, after waiting up to ``wait_s`` for some; capture
+        requests only if ``captures``."""
+
+        def waiting() -> bool:
+            return bool(self._asks or self._reports or self._woken or (captures and self._captures))
+
+        try:
+            async with asyncio.timeout(wait_s), self._mail:
+                await self._mail.wait_for(waiting)
+        except TimeoutError:
+            pass
+        self._woken = False
+        mail = Mail(sorted(self._asks), self._reports)
+        self._asks, self._reports = set(), {}
+        if captures:
+            mail.captures, self._captures = self._captures, {}
+        return mail
 
     def _phase(self, step: int, replica: int) -> str | None:
         view = self._view

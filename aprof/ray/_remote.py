@@ -6,19 +6,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from aprof._config import ProfilerConfig, load_config
+from aprof._control import CaptureAnswer, CaptureRequest
 from aprof._core.process_timeline import ProcessTimeline, Recording
 from aprof._core.sharing import Counts, Report, RolloutView
-from aprof._errors import describe
+from aprof._errors import ConfigError, UsageError, describe
 from aprof._layout import OutputLayout, check_name
 from aprof._logging import logger
 from aprof._timeline.events import SPAN, now_ns
 from aprof._timeline.recorder import Gate, Request
-from aprof.ray._hub import WATCH_S, Answer
+from aprof.ray._hub import WATCH_S, Answer, Decision
 from aprof.ray._share import ShareHandle
 
 _ASKING = ("due", "starting")
@@ -64,8 +65,9 @@ def connect(
 
 class RemoteProfiler(Recording):
     """The driver's profiler as one other process sees it: :meth:`request`, :meth:`span` and
-    :attr:`current_step`, as on :class:`aprof.Profiler`; :meth:`aclose` at the end (the
-    driver's profiler closing has it run if the process does not).
+    :attr:`current_step`, as on :class:`aprof.Profiler`, and :meth:`capture`, which the
+    driver decides; :meth:`aclose` at the end (the driver's profiler closing has it run if the
+    process does not).
 
     A request's first to a replica in a step asks the driver (one round trip, shared by the
     requests that come meanwhile); after that, its requests to that replica in that step are
@@ -117,6 +119,55 @@ class RemoteProfiler(Recording):
         """The context of one request to ``replica``, as :meth:`aprof.Profiler.request`."""
         self._watch()
         return Request(self._gate, self._recorder, replica, request_id)
+
+    async def capture(
+        self,
+        next: int | None = None,
+        steps: str | Sequence[int] | None = None,
+        *,
+        replicas: Sequence[int] | None = None,
+        roles: Sequence[str] | None = None,
+        forward_steps: int | None = None,
+    ) -> CaptureAnswer:
+        """Ask the driver to capture the next ``next`` global steps (default 1), or the listed
+        ``steps``, as :meth:`aprof.Profiler.capture` does there: the driver decides, against
+        the first step it has not begun, and its answer comes back (accepted, or refused and
+        why).
+
+        Raises ``ConfigError`` for a malformed argument (checked here first, nothing is sent)
+        and ``UsageError`` when there is no decision: this profiler or the driver's is
+        closed, the hub cannot be reached, or no answer came within ``timeouts.connect_s``
+        (the message says whether the driver may still decide it; its answer would be
+        ``control/answers/<id>.json`` below ``save_path``).
+        """
+        request = CaptureRequest.of(
+            next, steps, replicas=replicas, roles=roles, forward_steps=forward_steps
+        )
+        self._watch()
+        about = f"capture request {request.id} ({request.describe()})"
+        if self._closing is not None:
+            raise UsageError(f"{about}: this process's remote profiler is closed")
+        if self._view.closing:
+            raise UsageError(f"{about}: the driver's profiler is closing")
+        if self._gone is not None:
+            raise UsageError(f"{about}: the driver's profiler cannot be reached ({self._gone})")
+        fields = request.model_dump(mode="json", by_alias=True, exclude_none=True)
+        try:
+            # The hub waits connect_s for the driver; this, a little longer for the hub.
+            async with asyncio.timeout(self.config.timeouts.connect_s + 1.0):
+                decision: Decision = await self._hub.capture.remote(fields)
+        except TimeoutError:
+            raise UsageError(
+                f"{about}: the hub did not answer within timeouts.connect_s + 1 s; the driver "
+                "may still decide it"
+            ) from None
+        except Exception as exc:
+            raise UsageError(f"{about}: the hub cannot be reached ({describe(exc)})") from None
+        if decision.malformed is not None:
+            raise ConfigError(*decision.malformed)
+        if decision.answer is None:
+            raise UsageError(f"{about}: {decision.error or 'no decision'}")
+        return CaptureAnswer.model_validate(decision.answer)
 
     async def aclose(self) -> None:
         """Write this process's timeline and hand its last counts and files to the driver

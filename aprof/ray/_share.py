@@ -9,10 +9,9 @@ from typing import Any
 
 from aprof._core import BlockingProfiler, Profiler
 from aprof._core.serving import Serving
-from aprof._core.sharing import Report
-from aprof._errors import UsageError, describe
+from aprof._errors import ConfigError, UsageError, describe
 from aprof._logging import logger
-from aprof.ray._hub import MAX_CALLS, Hub
+from aprof.ray._hub import MAX_CALLS, Decision, Hub, Mail
 
 PULL_S = 10.0
 """The driver's pull of the hub's mail returns after this long without any."""
@@ -139,28 +138,51 @@ class _DriverLink:
 
     async def pull(self) -> None:
         """Take the hub's mail until the profiler closes: open the windows asked for, add
-        the reports."""
+        the reports, decide the capture requests."""
         while not self._closing:
             try:
                 async with asyncio.timeout(PULL_S + self.serving.config.timeouts.connect_s):
-                    asks, reports = await self.handle.hub.pull.remote(PULL_S)
+                    mail: Mail = await self.handle.hub.pull_mail.remote(PULL_S)
             except TimeoutError:
                 continue
             except Exception as exc:
                 self._lost(exc)
                 return
-            self._deliver(asks, reports)
+            self._deliver(mail)
 
-    def _deliver(self, asks: list[tuple[int, int]], reports: dict[str, Report]) -> None:
-        for step, replica in asks:
+    def _deliver(self, mail: Mail) -> Any:
+        """Act on ``mail``, here in the profiler's event loop; returns the hub call that
+        carries the decisions on its capture requests (``None`` when it has none)."""
+        for step, replica in mail.asks:
             self.serving.open_for(step, replica)
-        for name, report in reports.items():
+        for name, report in mail.reports.items():
             try:
                 self.serving.take_report(name, report)
             except Exception as exc:  # a report that does not parse costs itself only
                 self._log.warning("report not taken", process=name, error=describe(exc))
             if report.closed:
                 self._closed.add(name)
+        if not mail.captures:
+            return None
+        decisions = {number: self._decide(fields) for number, fields in mail.captures.items()}
+        try:  # not awaited: the pull goes on; a process that gave up meanwhile has its error
+            return self.handle.hub.decided.remote(decisions)
+        except Exception as exc:
+            self._lost(exc)
+            return None
+
+    def _decide(self, fields: dict[str, object]) -> Decision:
+        """The driver's decision on another process's capture request: the profiler's own,
+        as ``prof.capture(...)``; none once it closes (the steps have ended)."""
+        if self._closing:
+            return Decision(error="the driver's profiler is closing")
+        try:
+            return Decision(answer=self.serving.capture(fields))
+        except ConfigError as exc:
+            return Decision(malformed=(exc.key, exc.reason))
+        except Exception as exc:  # never into the pull: the others' mail goes on
+            self._log.warning("capture request not decided", error=describe(exc))
+            return Decision(error=f"the driver could not decide it: {describe(exc)}")
 
     async def aclose(self) -> None:
         self._closing = True
@@ -184,7 +206,9 @@ class _DriverLink:
         try:
             async with asyncio.timeout(self.serving.config.timeouts.connect_s + 1.0):
                 processes: dict[str, str] = await hub.processes.remote()
-                self._deliver(*await hub.pull.remote(0.0))
+                decided = self._deliver(await hub.pull_mail.remote(0.0))
+                if decided is not None:  # before the hub ends: those waiting hear why
+                    await decided
         except Exception as exc:
             self._lost(exc)
             return

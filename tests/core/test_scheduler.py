@@ -543,8 +543,8 @@ async def test_manifest_on_disk_has_the_contract_keys(make_config: MakeConfig) -
     assert step["schema"] == "aprof.step-manifest/1" and step["run_id"] == data["run_id"]
     (window,) = step["windows"]
     assert set(window) == {
-        "step", "target", "kind", "tool", "state", "stop_reason", "started_ns", "stopped_ns",
-        "forward_steps", "requests", "files", "error",
+        "step", "target", "kind", "tool", "requested_by", "state", "stop_reason", "started_ns",
+        "stopped_ns", "forward_steps", "requests", "files", "error",
     }  # fmt: skip
     assert set(window["forward_steps"]) == {
         "delay", "requested", "observed", "enforced_by", "counted_from"

@@ -831,6 +831,7 @@ async def test_a_gate_that_raises_ends_the_request_once_with_the_exception_type(
     """A real failure of the profiler's ``_admit``: a replica that cannot be looked up (a list)
     while the step has rollout windows. No ``__aexit__`` follows, so ``__aenter__`` records it."""
     async with aprof.Profiler(make_config()) as prof:
+        prof.add_target(RecordingTarget("replica_0", replica=0))
         assert prof._timeline.recorder is not None
         async with prof.step(1):
             req = prof.request(replica=[0], request_id="bad")  # type: ignore[arg-type]
