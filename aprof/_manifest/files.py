@@ -332,18 +332,20 @@ class _Writer:
             error = self._write(key, item)
             with self._cond:
                 self._busy = None
-                if not item.guarded:
+                if not item.guarded:  # not the manifest's: no trouble of the guard's
                     self._unguarded(error)
-                    self._cond.notify_all()
-                    continue
-                if error is not None:
+                if error is not None and item.guarded:
                     self._failures += 1
                     if key not in self._pending:  # else a newer version waits already
                         self._pending[key] = item
                         self._waiting_bytes += len(item.data)
                     retry_at = time.monotonic() + RETRY_S
                     first, self._failing = self._failing is None, error
-                elif self._failing is not None and not self._pending:
+                elif (
+                    item.guarded
+                    and self._failing is not None
+                    and not any(waiting.guarded for waiting in self._pending.values())
+                ):
                     self._failing, first = None, True
                 else:
                     first = False
