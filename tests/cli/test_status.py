@@ -240,8 +240,9 @@ async def test_a_killed_run_is_shown_ended_with_its_process_gone(make_config: Ma
 # -- --watch in a terminal ----------------------------------------------------------------------
 
 TMUX = shutil.which("tmux")
-TRIES = 200
-"""Looks at the screen, 0.1 s apart, before a test gives up waiting for what it expects."""
+TRIES = 600
+"""Looks at the screen, 0.1 s apart (a minute: a loaded CI machine starts Python slowly),
+before a test gives up waiting for what it expects."""
 
 
 class Tmux:
