@@ -15,7 +15,13 @@ from aprof._control.messages import (
     new_request_id,
     refusal,
 )
-from aprof._control.status import PlannedStep, RunStatus, TriggerStatus, WindowStatus
+from aprof._control.status import (
+    PlannedStep,
+    RunStatus,
+    TriggerStatus,
+    WindowStatus,
+    process_gone,
+)
 from aprof._manifest import RequestedBy
 
 __all__ = [
@@ -30,5 +36,6 @@ __all__ = [
     "WindowStatus",
     "bad_field",
     "new_request_id",
+    "process_gone",
     "refusal",
 ]

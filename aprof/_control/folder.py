@@ -17,8 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from pydantic import ValidationError
-
 from aprof._control.messages import (
     MAX_REQUEST_BYTES,
     REQUEST_ID,
@@ -130,7 +128,7 @@ class ControlFolder:
         except FileNotFoundError:
             return None
         try:
-            return _read_file(folder, name, limit)
+            return read_regular(name, limit, dir_fd=folder)
         except FileNotFoundError:
             return None
         finally:
@@ -140,33 +138,34 @@ class ControlFolder:
 def _take_one(folder: int, name: str) -> Incoming:
     """Read request file ``name`` and remove it, whatever it holds."""
     stem = name[:-5] if name.endswith(".json") else name
-    request_id = stem if REQUEST_ID.fullmatch(stem) else safe_name(stem)[:64].lstrip(".") or "x"
+    named = name.endswith(".json") and REQUEST_ID.fullmatch(stem) is not None
+    request: CaptureRequest | None = None
+    error: str | None = "the file name is not <id>.json with an id of 1-64 of [A-Za-z0-9_.-]"
     try:
-        error: str | None = None
-        request: CaptureRequest | None = None
-        if not name.endswith(".json") or not REQUEST_ID.fullmatch(stem):
-            error = "the file name is not <id>.json with an id of 1-64 of [A-Za-z0-9_.-]"
-        else:
-            try:
-                data = _read_file(folder, name, MAX_REQUEST_BYTES)
-                parsed = CaptureRequest.parse(json.loads(data))
-                if parsed.id == stem:
-                    request = parsed
-                else:
-                    error = f"its id {parsed.id!r} is not its file name's"
-            except OSError as exc:
-                error = f"cannot be read: {exc.strerror or exc}"
-            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-                error = "not a JSON document"
-            except ConfigError as exc:
-                error = bad_field(exc)
-            except ValidationError as exc:  # a pydantic error the request's own checks missed
-                error = f"malformed request: {exc.error_count()} error(s)"
+        if named:
+            request, error = _read_request(folder, name, stem)
     finally:
         # Read once: whatever it held is answered now and never again.
         with contextlib.suppress(OSError):
             _remove(folder, name)
+    request_id = stem if named else safe_name(stem)[:64].lstrip(".") or "x"
     return Incoming(request_id, request, error)
+
+
+def _read_request(folder: int, name: str, stem: str) -> tuple[CaptureRequest | None, str | None]:
+    """The request in file ``name`` whose id must be ``stem``, or why there is none."""
+    try:
+        data = json.loads(read_regular(name, MAX_REQUEST_BYTES, dir_fd=folder))
+        parsed = CaptureRequest.parse(data)
+    except OSError as exc:
+        return None, f"cannot be read: {exc.strerror or exc}"
+    except ConfigError as exc:
+        return None, bad_field(exc)
+    except (ValueError, RecursionError):  # not UTF-8, not JSON, nested too deep
+        return None, "not a JSON document"
+    if parsed.id != stem:
+        return None, f"its id {parsed.id!r} is not its file name's"
+    return parsed, None
 
 
 def _remove(folder: int, name: str) -> None:
@@ -175,8 +174,3 @@ def _remove(folder: int, name: str) -> None:
         os.rmdir(name, dir_fd=folder)  # an empty folder only: nothing of anyone's is lost
     else:
         os.unlink(name, dir_fd=folder)
-
-
-def _read_file(folder: int, name: str, limit: int) -> bytes:
-    """``name`` in ``folder``: a regular file of at most ``limit`` bytes, no link followed."""
-    return read_regular(name, limit, dir_fd=folder)

@@ -3,6 +3,9 @@ step boundary and each accepted capture, and when it closes."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+from pathlib import Path
 from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -94,3 +97,19 @@ class RunStatus(_Part):
     """The control endpoint's address, when it is on."""
     folder: bool = True
     """The run reads ``control/requests/`` (``control.enable``)."""
+
+
+def process_gone(pid: int) -> bool:
+    """True when no process ``pid`` runs on this host (or only its zombie is left)."""
+    if pid <= 0:
+        return False  # not a process id kill(2) can be asked about: cannot tell
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # PermissionError: there, someone else's
+        return False
+    with contextlib.suppress(OSError, IndexError):
+        stat = Path(f"/proc/{pid}/stat").read_bytes()[:4096]
+        return stat.rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    return False

@@ -121,7 +121,7 @@ class Control:
 
         endpoint = ControlEndpoint(
             config,
-            decide=lambda request: self.capture(request, "on_demand"),
+            decide=self.capture,
             status=self.status,
             timeout_s=self._config.timeouts.connect_s,
         )
@@ -168,12 +168,17 @@ class Control:
 
     # -- requests --------------------------------------------------------------------------
 
-    def capture(self, request: CaptureRequest, requested_by: RequestedBy) -> CaptureAnswer:
-        """Decide ``request`` now, write its answer and tell the log."""
+    def capture(
+        self, request: CaptureRequest, requested_by: RequestedBy = "on_demand"
+    ) -> CaptureAnswer:
+        """Decide ``request`` now (a person's, unless a trigger's), write its answer and tell
+        the log."""
         if self._closing:
             why = "the run is closing: no step begins any more"
-            answer = refusal(request.id, why, requested_by=requested_by)
-            return self._answered(answer.model_copy(update={"decided_at": self._plan.first_free}))
+            first = self._plan.first_free
+            return self._answered(
+                refusal(request.id, why, requested_by=requested_by, decided_at=first)
+            )
         return self._answered(self._plan.decide(request, requested_by))
 
     def closing(self) -> None:
@@ -225,7 +230,7 @@ class Control:
             answer = refusal(item.id, item.error or "unreadable", decided_at=self._plan.first_free)
             self._answered(answer)
         else:
-            self.capture(item.request, "on_demand")
+            self.capture(item.request)
 
     def _answered(self, answer: CaptureAnswer) -> CaptureAnswer:
         answer = answer.model_copy(update={"run_id": self._run_id})

@@ -56,10 +56,6 @@ class Plan:
         self.first_free = 1
         """The first global step not begun: the earliest a request may name."""
 
-    def selects(self, n: int) -> bool:
-        """Step ``n`` is captured (so far: a request may still add it)."""
-        return n in self._steps or n in self._added
-
     def begin(self, n: int) -> tuple[Scope | None, list[int]]:
         """Step ``n`` begins: what it captures (``None``: it is not selected; a selected step
         may capture nothing, when no target is registered), and the added steps passed over
@@ -116,9 +112,10 @@ class Plan:
         new_steps = [n for n in steps if n not in self._added]
         if len(self._added) + len(new_steps) > MAX_PLANNED:
             return refuse(f"the run holds {MAX_PLANNED} added steps at most; wait for some")
-        replicas, roles, why = self._scope_of(request)
-        if why is not None:
-            return refuse(why)
+        scope = self._scope_of(request)
+        if isinstance(scope, str):
+            return refuse(scope)
+        replicas, roles = scope
         forward = request.forward_steps
         if forward is not None and not replicas:
             return refuse("forward_steps bounds rollout windows, and no replica is chosen")
@@ -157,7 +154,7 @@ class Plan:
             decided_at=first,
         )
 
-    def _scope_of(self, request: CaptureRequest) -> tuple[list[int], list[str], str | None]:
+    def _scope_of(self, request: CaptureRequest) -> tuple[list[int], list[str]] | str:
         """The replicas and role targets ``request`` names (all when it names neither), or
         why it cannot have them."""
         targets = self._targets
@@ -168,12 +165,8 @@ class Plan:
             if missing:
                 have = ",".join(map(str, sorted(targets.by_replica))) or "none"
                 return (
-                    [],
-                    [],
-                    (
-                        f"no target serves replica(s) {','.join(map(str, missing))} "
-                        f"(replicas with a target: {have})"
-                    ),
+                    f"no target serves replica(s) {','.join(map(str, missing))} "
+                    f"(replicas with a target: {have})"
                 )
             replicas = sorted(request.replicas)
         elif everything:
@@ -193,29 +186,21 @@ class Plan:
                         if m.target.kind == "role"
                     }
                     return (
-                        [],
-                        [],
-                        (
-                            f"no target of role {role!r} (roles with a target: "
-                            f"{', '.join(sorted(known)) or 'none'})"
-                        ),
+                        f"no target of role {role!r} (roles with a target: "
+                        f"{', '.join(sorted(known)) or 'none'})"
                     )
                 chosen = [t.name for t in found if targets.role_selected(t)]
                 if not chosen:
                     return (
-                        [],
-                        [],
-                        (
-                            f"roles.{role} is missing, disabled or selects none of its ranks: "
-                            "its workers have no capture set up"
-                        ),
+                        f"roles.{role} is missing, disabled or selects none of its ranks: "
+                        "its workers have no capture set up"
                     )
                 roles.extend(chosen)
         elif everything:
             roles = self._config_roles()
         if not replicas and not roles:
-            return [], [], "the run has no capture target to capture"
-        return replicas, roles, None
+            return "the run has no capture target to capture"
+        return replicas, roles
 
     def _replica_name(self, replica: int) -> str:
         return self._targets.by_replica[replica].target.name

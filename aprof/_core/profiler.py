@@ -124,7 +124,7 @@ class Profiler(Recording):
             windows=self._windows,
             admission=self._admission,
             files=files,
-            decide=lambda request: self._control.capture(request, "on_demand"),
+            decide=self._control.capture,
         )
         """What other processes reach of this profiler once it is shared (``aprof.ray``)."""
         self._steps = Steps(
@@ -196,7 +196,7 @@ class Profiler(Recording):
         request = CaptureRequest.of(
             next, steps, replicas=replicas, roles=roles, forward_steps=forward_steps
         )
-        return self._control.capture(request, "on_demand")
+        return self._control.capture(request)
 
     async def flush(self) -> None:
         """Write the manifest, the run's status and the timeline recorded so far, and wait

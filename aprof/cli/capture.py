@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import TypeVar
 
 from aprof import ConfigError, ManifestError
-from aprof._control import CaptureAnswer, CaptureRequest, ControlFolder, RunStatus, bad_field
+from aprof._control import (
+    CaptureAnswer,
+    CaptureRequest,
+    ControlFolder,
+    RunStatus,
+    bad_field,
+    process_gone,
+)
 from aprof._manifest import WindowRecord, load_step
 
 ANSWER_GRACE_S = 5.0
@@ -146,15 +153,7 @@ def _not_live(root: Path, status: RunStatus | None) -> str | None:
 
 def _gone(status: RunStatus) -> bool:
     """The run's process has ended without saying so (it runs on this machine)."""
-    if status.host != socket.gethostname():
-        return False
-    try:
-        os.kill(status.pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+    return status.host == socket.gethostname() and process_gone(status.pid)
 
 
 def _await_answer(

@@ -15,10 +15,8 @@ SAVE_PATH holds no run or its files cannot be read.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
-import os
 import socket
 import sys
 import time
@@ -27,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from aprof import ConfigError, Manifest, ManifestError, StepSelection, load_manifest
-from aprof._control import ControlFolder, RunStatus, WindowStatus
+from aprof._control import ControlFolder, RunStatus, WindowStatus, process_gone
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -186,22 +184,6 @@ def judge(status: RunStatus, here: str) -> tuple[bool, str]:
     if process_gone(status.pid):
         return False, f"ended (its process {status.pid} is gone: killed?)"
     return True, f"running (pid {status.pid} on {status.host})"
-
-
-def process_gone(pid: int) -> bool:
-    """True when no process ``pid`` runs on this host (or only its zombie is left)."""
-    if pid <= 0:
-        return False  # not a process id kill(2) can be asked about: cannot tell
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:  # PermissionError: there, someone else's
-        return False
-    with contextlib.suppress(OSError, IndexError):
-        stat = Path(f"/proc/{pid}/stat").read_bytes()[:4096]
-        return stat.rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
-    return False
 
 
 def from_manifest(root: Path, manifest: Manifest, unreadable: str | None = None) -> RunView:

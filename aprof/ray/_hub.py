@@ -115,16 +115,22 @@ class Hub:
                 self._processes[name].lagging = True
             return late
 
-    async def pull(self, wait_s: float) -> tuple[list[tuple[int, int]], dict[str, Report]]:
-        """The asks and reports waiting for the driver (waiting up to ``wait_s`` for some);
-        capture requests stay for :meth:`pull_mail`."""
-        mail = await self._take(wait_s, captures=False)
-        return mail.asks, mail.reports
+    async def pull(self, wait_s: float) -> Mail:
+        """The mail waiting for the driver: asks, reports and capture requests (waiting up to
+        ``wait_s`` for some)."""
 
-    async def pull_mail(self, wait_s: float) -> Mail:
-        """All the mail waiting for the driver, capture requests too (waiting up to
-        ``wait_s`` for some): the driver's pull."""
-        return await self._take(wait_s, captures=True)
+        def waiting() -> bool:
+            return bool(self._asks or self._reports or self._captures or self._woken)
+
+        try:
+            async with asyncio.timeout(wait_s), self._mail:
+                await self._mail.wait_for(waiting)
+        except TimeoutError:
+            pass
+        self._woken = False
+        mail = Mail(sorted(self._asks), self._reports, self._captures)
+        self._asks, self._reports, self._captures = set(), {}, {}
+        return mail
 
     async def decided(self, decisions: dict[int, Decision]) -> None:
         """The driver's decisions on the capture requests it pulled, by number: each goes to
@@ -277,25 +283,6 @@ class Hub:
             self._news.notify_all()
 
     # -- helpers --------------------------------------------------------------------------------
-
-    async def _take(self, wait_s: float, *, captures: bool) -> Mail:
-        """The mail waiting for the driver, after waiting up to ``wait_s`` for some; capture
-        requests only if ``captures``."""
-
-        def waiting() -> bool:
-            return bool(self._asks or self._reports or self._woken or (captures and self._captures))
-
-        try:
-            async with asyncio.timeout(wait_s), self._mail:
-                await self._mail.wait_for(waiting)
-        except TimeoutError:
-            pass
-        self._woken = False
-        mail = Mail(sorted(self._asks), self._reports)
-        self._asks, self._reports = set(), {}
-        if captures:
-            mail.captures, self._captures = self._captures, {}
-        return mail
 
     def _phase(self, step: int, replica: int) -> str | None:
         view = self._view

@@ -142,7 +142,7 @@ class _DriverLink:
         while not self._closing:
             try:
                 async with asyncio.timeout(PULL_S + self.serving.config.timeouts.connect_s):
-                    mail: Mail = await self.handle.hub.pull_mail.remote(PULL_S)
+                    mail: Mail = await self.handle.hub.pull.remote(PULL_S)
             except TimeoutError:
                 continue
             except Exception as exc:
@@ -206,7 +206,7 @@ class _DriverLink:
         try:
             async with asyncio.timeout(self.serving.config.timeouts.connect_s + 1.0):
                 processes: dict[str, str] = await hub.processes.remote()
-                decided = self._deliver(await hub.pull_mail.remote(0.0))
+                decided = self._deliver(await hub.pull.remote(0.0))
                 if decided is not None:  # before the hub ends: those waiting hear why
                     await decided
         except Exception as exc:

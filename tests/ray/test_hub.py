@@ -12,7 +12,7 @@ import pytest
 import aprof
 import aprof.ray
 from aprof._core.sharing import Counts, RemotePhase, Report, RolloutView
-from aprof.ray._hub import Hub
+from aprof.ray._hub import Hub, Mail
 
 MakeConfig = Callable[..., aprof.ProfilerConfig]
 
@@ -63,8 +63,8 @@ async def test_an_ask_waits_while_the_window_is_due_or_starting(
     got, version = await asyncio.wait_for(asking, 5)
     assert got == answer
     assert version == len(then) + 1
-    asks, _ = await hub.pull(0)
-    assert asks == ([(4, 0)] if arrival == "due" else [])
+    mail = await hub.pull(0)
+    assert mail.asks == ([(4, 0)] if arrival == "due" else [])
 
 
 async def test_an_older_view_never_replaces_a_newer_one() -> None:
@@ -104,13 +104,13 @@ async def test_reports_sum_up_until_the_driver_pulls() -> None:
     await hub.watch(name, 0, Report(counts=[Counts(1, 0, 5, 2, 0), Counts(1, 1, 3, 0, 0)]))
     files = [{"path": "timeline/x.trace.json.gz"}]
     await hub.close(name, Report(counts=[Counts(1, 0, 1, 0, 4)], timeline=files))
-    asks, reports = await hub.pull(0)
-    assert asks == []
-    report = reports[name]
+    mail = await hub.pull(0)
+    assert mail.asks == []
+    report = mail.reports[name]
     assert sorted(report.counts) == [Counts(1, 0, 6, 2, 4), Counts(1, 1, 3, 0, 0)]
     assert (report.timeline, report.closed) == (files, True)
     assert hub.processes() == {name: "closed"}
-    assert await hub.pull(0) == ([], {})
+    assert await hub.pull(0) == Mail()
 
 
 async def test_the_close_waits_for_each_process_that_watches_until_it_closed() -> None:
@@ -139,7 +139,7 @@ async def test_the_close_waits_for_each_process_that_watches_until_it_closed() -
         lagging: "lagging",
         never: "registered",
     }
-    _, reports = await hub.pull(0)
+    reports = (await hub.pull(0)).reports
     assert {n: (r.counts, r.closed) for n, r in reports.items()} == {
         first: ([Counts(2, 0, 3, 1, 0)], True),
         second: ([], True),

@@ -237,14 +237,13 @@ def _hub() -> Hub:
 async def test_the_hub_hands_a_capture_to_the_driver_and_its_decision_back() -> None:
     hub = _hub()
     asking = asyncio.create_task(hub.capture({"next": 2}))
-    assert await hub.pull(0) == ([], {})  # the old pull leaves capture requests for pull_mail
-    mail = await asyncio.wait_for(hub.pull_mail(5.0), 5)  # returns as the request comes
+    mail = await asyncio.wait_for(hub.pull(5.0), 5)  # returns as the request comes
     assert list(mail.captures.values()) == [{"next": 2}]
     (number,) = mail.captures
     answer = {"accepted": True, "steps": [4, 5]}
     await hub.decided({number: Decision(answer=answer), number + 1: Decision(error="gone")})
     assert await asyncio.wait_for(asking, 5) == Decision(answer=answer)
-    assert (await hub.pull_mail(0)).captures == {}
+    assert (await hub.pull(0)).captures == {}
 
 
 async def test_a_capture_the_driver_never_took_is_withdrawn() -> None:
@@ -252,13 +251,13 @@ async def test_a_capture_the_driver_never_took_is_withdrawn() -> None:
     decision = await asyncio.wait_for(hub.capture({"next": 1}), 5)  # waits connect_s at most
     assert decision.answer is None and decision.error is not None
     assert "withdrawn, not decided" in decision.error
-    assert (await hub.pull_mail(0)).captures == {}  # the driver will not decide it later
+    assert (await hub.pull(0)).captures == {}  # the driver will not decide it later
 
 
 async def test_a_capture_the_driver_took_and_did_not_answer_may_still_be_decided() -> None:
     hub = _hub()
     asking = asyncio.create_task(hub.capture({"next": 1}))
-    mail = await asyncio.wait_for(hub.pull_mail(5.0), 5)
+    mail = await asyncio.wait_for(hub.pull(5.0), 5)
     decision = await asyncio.wait_for(asking, 5)  # waits connect_s at most
     assert decision.error is not None and "may still be decided" in decision.error
     await hub.decided({n: Decision(answer={}) for n in mail.captures})  # too late: dropped
@@ -269,4 +268,4 @@ async def test_a_closing_driver_takes_no_capture() -> None:
     await hub.publish(RolloutView(1, None, False, {}, closing=True))
     decision = await asyncio.wait_for(hub.capture({"next": 1}), 5)
     assert decision == Decision(error="the driver's profiler is closing")
-    assert (await hub.pull_mail(0)).captures == {}
+    assert (await hub.pull(0)).captures == {}
