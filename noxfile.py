@@ -68,6 +68,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_ray.py")
     session.run("python", "benchmarks/bench_merge.py")
     session.run("python", "benchmarks/bench_control.py")
+    session.run("python", "benchmarks/bench_report_accounting.py")
 
 
 @nox.session(python="3.11", default=False)

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 
 import structlog
 
-from agentloop._loop import AgentLoop
+from agentloop._loop import AgentLoop, SpanFactory
 from agentloop._trajectory import Sample, Trajectory
 
 _log = structlog.get_logger("agentloop")
@@ -24,7 +24,9 @@ class AgentLoopRunner:
     Fully-async RL: ``async with runner.stream(samples, max_staleness=1) as rollouts:`` keeps
     rolling out in the background, across step boundaries, and ``await rollouts.take(k)``
     hands over finished trajectories. Every request belongs to the step it was admitted in
-    (``turn.step``); ``trajectory.step`` is the step its rollout began in.
+    (``turn.step``); ``trajectory.step`` is the step its rollout began in. With a profiler, each
+    trajectory :meth:`RolloutStream.take` hands over in a step records its staleness there (a
+    ``trajectory`` span, see :meth:`RolloutStream.take`), which ``aprof report`` counts per step.
     """
 
     def __init__(self, loop: AgentLoop, *, concurrency: int = 32) -> None:
@@ -67,7 +69,8 @@ class AgentLoopRunner:
         ``samples`` may be endless. Finished trajectories wait in a buffer; while it holds
         ``max_buffered`` (default: ``concurrency``) no new rollout begins.
         :meth:`RolloutStream.take` drops those begun more than ``max_staleness`` steps before
-        the profiler's current step. Leaving the block cancels the rollouts in flight.
+        the profiler's current step, and records the staleness of those it hands over (with a
+        profiler, inside a step). Leaving the block cancels the rollouts in flight.
         """
         if max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
@@ -85,6 +88,7 @@ class AgentLoopRunner:
             max_staleness=max_staleness,
             max_buffered=max_buffered,
             current_step=(lambda: None) if prof is None else (lambda: prof.current_step),
+            span=None if prof is None else prof.span,
         )
         running = self.concurrency
 
@@ -134,12 +138,16 @@ class RolloutStream:
         max_staleness: int,
         max_buffered: int,
         current_step: Callable[[], int | None],
+        span: SpanFactory | None = None,
     ) -> None:
+        """``span``: the profiler's ``span``, for the staleness of what :meth:`take` hands
+        over (``None``: nothing recorded)."""
         self.max_staleness = max_staleness
         self.max_buffered = max_buffered
         self.dropped = 0
         """Trajectories dropped as too stale."""
         self._current_step = current_step
+        self._span = span
         self._ready: deque[Trajectory] = deque()
         self._arrived = asyncio.Event()  # a trajectory finished, or the samples ran out
         self._room = asyncio.Event()  # the buffer has room
@@ -161,6 +169,11 @@ class RolloutStream:
 
         Fewer only once the samples ran out. Raises ``TimeoutError`` after ``timeout_s``;
         what was finished by then stays for the next call.
+
+        In a step ``now`` of a profiler, each trajectory handed over whose rollout began in a
+        step records, in the caller's (the event loop's) thread, a zero-length timeline span
+        ``trajectory`` with ``staleness=now - trajectory.step`` and ``sample``: the report
+        counts it in step ``now``. Within ``0..max_staleness`` while steps only go up.
         """
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
@@ -177,12 +190,26 @@ class RolloutStream:
                         taken.append(self._ready.popleft())
                         self._room.set()
                     if len(taken) == k or (self._exhausted and not self._ready):
+                        self._record(taken)
                         return taken
                     self._arrived.clear()
                     await self._arrived.wait()
         except BaseException:
             self._ready.extendleft(reversed(taken))
             raise
+
+    def _record(self, taken: list[Trajectory]) -> None:
+        """The staleness of each of ``taken`` with a known step, in the current step."""
+        span = self._span
+        if span is None or not taken:
+            return
+        now = self._current_step()
+        if now is None:
+            return
+        for traj in taken:
+            if traj.step is not None:
+                with span("trajectory", staleness=now - traj.step, sample=traj.sample.id):
+                    pass  # zero-length: the span carries its attrs and its step only
 
     def _fresh(self, trajectories: list[Trajectory]) -> list[Trajectory]:
         """``trajectories`` without those too stale for the current step (counted, logged)."""

@@ -12,6 +12,7 @@ import contextlib
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from aprof._accounting import StepAccount
 from aprof._capture import (
     CaptureFile,
     CaptureResult,
@@ -98,6 +99,7 @@ __all__ = [
     "Request",
     "RolloutProfiler",
     "RunReport",
+    "StepAccount",
     "StepError",
     "StepSelection",
     "TargetError",

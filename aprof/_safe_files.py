@@ -66,13 +66,30 @@ def read_regular(path: str | os.PathLike[str], limit: int, *, dir_fd: int | None
         if not stat.S_ISREG(info.st_mode):
             kind = next((name for is_kind, name in _FILE_KINDS if is_kind(info.st_mode)), "?")
             raise NotRegularFileError(errno.EINVAL, f"not a regular file: {kind}")
-        with open(fd, "rb", closefd=False) as file:
-            data = file.read(limit + 1)  # it may have grown since fstat
+        data = read_up_to(fd, info.st_size, limit)
     finally:
         os.close(fd)
     if len(data) > limit:
         raise FileTooLargeError(errno.EFBIG, f"larger than {limit} bytes")
     return data
+
+
+def read_up_to(fd: int, size: int, limit: int) -> bytes:
+    """The bytes of ``fd`` (a regular file ``size`` bytes long as ``fstat`` said), at most
+    ``limit + 1`` of them: more than ``limit`` means too large. The memory taken follows what
+    the file holds, not ``limit`` (a file may also have grown since ``fstat``)."""
+    with open(fd, "rb", closefd=False) as file:
+        data = file.read(min(size, limit) + 1)
+        if len(data) <= min(size, limit):
+            return data  # its end
+        chunks, total = [data], len(data)
+        while total <= limit:
+            chunk = file.read(min(1 << 20, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    return b"".join(chunks)
 
 
 def open_folder(root: str, parts: Sequence[str], *, create: bool) -> int:

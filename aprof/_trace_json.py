@@ -16,7 +16,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from aprof._errors import FileTooLargeError, NotRegularFileError, UnsafePathError, describe
-from aprof._safe_files import open_folder, read_regular
+from aprof._safe_files import open_folder, read_regular, read_up_to
 
 
 def is_trace_json(path: str) -> bool:
@@ -63,10 +63,10 @@ def read_trace_below(root: str | os.PathLike[str], path: str, limit: int) -> dic
     finally:
         os.close(folder)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             raise NotRegularFileError(errno.EINVAL, "not a regular file")
-        with open(fd, "rb", closefd=False) as file:
-            raw = file.read(limit + 1)
+        raw = read_up_to(fd, info.st_size, limit)
     finally:
         os.close(fd)
     if len(raw) > limit:

@@ -11,6 +11,7 @@ from typing import Literal
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
+from aprof._accounting import STAGE, StepAccount
 from aprof._config import ConfigSource, ProfilerConfig
 from aprof._control import CaptureAnswer
 from aprof._core.profiler import Profiler
@@ -61,6 +62,13 @@ class BlockingProfiler:
         live = self._profiler.manifest
         return self._portal.call(lambda: live.model_copy(deep=True))
 
+    def accounting(self, step: int | None = None) -> StepAccount | None:
+        """Where step ``step`` (default: the latest that ended) went, as
+        :meth:`aprof.Profiler.accounting`."""
+        if self._portal is None or self._status != "open":
+            return self._profiler.accounting(step)
+        return self._portal.call(self._profiler.accounting, step)
+
     def add_target(self, target: CaptureTarget) -> None:
         """Register a capture target, before the profiler opens or while it is open."""
         if self._portal is None or self._status != "open":
@@ -96,6 +104,11 @@ class BlockingProfiler:
     def span(self, name: str, /, **attrs: AttrValue) -> AbstractContextManager[None]:
         """``with prof.span(name, **attrs):`` a timeline span of the caller's code."""
         return self._span(name, attrs)
+
+    def stage(self, name: str, /, **attrs: AttrValue) -> AbstractContextManager[None]:
+        """``with prof.stage(name):`` a trainer stage on the timeline, as
+        :meth:`aprof.Profiler.stage`."""
+        return self._span(name, {**attrs, "aprof": STAGE})
 
     @contextlib.contextmanager
     def _span(self, name: str, attrs: dict[str, AttrValue]) -> Generator[None]:

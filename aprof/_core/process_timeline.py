@@ -14,7 +14,9 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from aprof._accounting import STAGE
 from aprof._config import TimelineConfig
 from aprof._manifest import Clock, TimelineFile, WindowRecord
 from aprof._timeline.events import AttrValue, Event
@@ -44,6 +46,14 @@ class Recording:
         if recorder is None:
             return NULL_SPAN
         return Span(recorder, name, attrs, self._gate.step)
+
+    def stage(self, name: str, /, **attrs: AttrValue) -> Span | NullSpan:
+        """A trainer stage (``update_actor``): a timeline span, for ``with`` or ``async with``,
+        that the report counts as training time, in every step, profiled or not."""
+        recorder = self._recorder
+        if recorder is None:
+            return NULL_SPAN
+        return Span(recorder, name, {**attrs, "aprof": STAGE}, self._gate.step)
 
 
 class ProcessTimeline:
@@ -117,6 +127,11 @@ class ProcessTimeline:
             await self.timeline.aclose()
             if self._on_written is not None:
                 self._on_written()
+
+    def take_ledger(self) -> Any:
+        """The ledger of what was written since the last call (``None`` when the timeline
+        is off): :meth:`aprof._accounting.Ledger.take`'s plain data."""
+        return None if self.timeline is None else self.timeline.take_ledger()
 
     def files(self) -> list[TimelineFile]:
         """Each part of the timeline written so far, as the manifest lists it."""

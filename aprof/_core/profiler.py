@@ -26,8 +26,10 @@ from typing import Literal
 
 import structlog
 
+from aprof._accounting import StepAccount
 from aprof._config import ProfilerConfig, load_config
 from aprof._control import CaptureAnswer, CaptureRequest
+from aprof._core.accounting import LiveAccounting
 from aprof._core.admission import Admission
 from aprof._core.control import Control
 from aprof._core.disk_guard import DiskGuard
@@ -83,6 +85,7 @@ class Profiler(Recording):
         self._disk = ThreadPoolExecutor(1, thread_name_prefix="aprof-disk")
         """Makes window folders and sizes their files: one thread, so that many windows at
         once do not crowd the event loop's thread out of the GIL."""
+        self._accounting = LiveAccounting()
         self._timeline = ProcessTimeline(
             cfg.timeline,
             root=layout.root,
@@ -125,6 +128,7 @@ class Profiler(Recording):
             admission=self._admission,
             files=files,
             decide=self._control.capture,
+            accounting=self._accounting,
         )
         """What other processes reach of this profiler once it is shared (``aprof.ray``)."""
         self._steps = Steps(
@@ -156,6 +160,13 @@ class Profiler(Recording):
     def current_step(self) -> int | None:
         """The global step now open, if any."""
         return self._steps.current
+
+    def accounting(self, step: int | None = None) -> StepAccount | None:
+        """Where step ``step`` (default: the latest that ended) went: its phases, requests,
+        replicas, from every process's timeline written so far (``None``: not written yet,
+        or older than the last 16 steps, or the timeline is off). No anomaly is judged here:
+        ``aprof report`` does that over the whole run."""
+        return self._accounting.account(step)
 
     def add_target(self, target: CaptureTarget) -> None:
         """Register a capture target; raises ``TargetError`` (a ``ValueError``) if it breaks
@@ -304,6 +315,7 @@ class Profiler(Recording):
 
     def _timeline_written(self) -> None:
         self._files.list_timeline(self._timeline.files())
+        self._accounting.take(self._timeline.take_ledger(), self._timeline.process)
 
 
 class _Step:

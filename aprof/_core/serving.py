@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from aprof._config import ProfilerConfig
 from aprof._control import CaptureAnswer, CaptureRequest
+from aprof._core.accounting import LiveAccounting
 from aprof._core.admission import Admission
 from aprof._core.sharing import Link, RemotePhase, Report, RolloutView
 from aprof._core.targets import Targets
@@ -32,6 +33,7 @@ class Serving:
         admission: Admission,
         files: ManifestFiles,
         decide: Callable[[CaptureRequest], CaptureAnswer],
+        accounting: LiveAccounting,
     ) -> None:
         self.config = config
         self._targets = targets
@@ -39,6 +41,7 @@ class Serving:
         self._admission = admission
         self._files = files
         self._decide = decide
+        self._accounting = accounting
         self.link: Link | None = None
         """The transport to the other processes, once the profiler is shared."""
 
@@ -91,7 +94,9 @@ class Serving:
         return answer.model_dump(mode="json", by_alias=True)
 
     def take_report(self, process: str, report: Report) -> None:
-        """Add what ``process`` counted to its windows, and list its timeline files."""
+        """Add what ``process`` counted to its windows, list its timeline files, and take
+        its timeline's ledger into the accounting."""
+        self._accounting.take(report.ledger, process)
         for c in report.counts:
             machine = self._targets.by_replica.get(c.replica)
             if machine is None:

@@ -10,7 +10,7 @@ changed and waits for it as a step begins (``serving.py`` is what it calls back)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 RemotePhase = Literal["due", "queued", "starting", "active", "ended", "failed"]
 """Where a replica's window of the open step stands, as other processes see it.
@@ -56,6 +56,9 @@ class Report:
     """Its timeline files, as manifest ``TimelineFile`` fields."""
     closed: bool = False
     """The process closed its profiler: it reports nothing more."""
+    ledger: Any = None
+    """Its timeline writes' ledger since its last report (``aprof._accounting.Ledger.take``'s
+    plain data), for the driver's accounting of the latest steps."""
 
 
 class Link(Protocol):

@@ -1,18 +1,18 @@
 """Triggers: a run that asks for its own captures when a step is slower than its recent past.
 
-A trigger keeps the durations of the last ``baseline_steps`` unprofiled steps in order (a
-bisect insert and remove per step: the cost stays flat on a long run). Once its baseline is
-full, a step above ``factor`` x the baseline's median is slow; ``confirm`` slow steps in a row
-fire it: it asks for the next ``capture`` steps, then stays quiet for ``cooldown_steps``.
+A trigger keeps the durations of the last ``baseline_steps`` unprofiled steps in order
+(:class:`aprof._accounting.RollingMedian`, which the report's anomalies use too). Once its
+baseline is full, a step above ``factor`` x the baseline's median is slow; ``confirm`` slow
+steps in a row fire it: it asks for the next ``capture`` steps, then stays quiet for
+``cooldown_steps``.
 Profiled steps are neither measured nor counted: a capture's own cost must not fire it.
 """
 
 from __future__ import annotations
 
-import bisect
-from collections import deque
 from typing import Literal
 
+from aprof._accounting import RollingMedian
 from aprof._config import SlowTriggerConfig
 from aprof._control import TriggerStatus
 
@@ -25,8 +25,7 @@ class SlowTrigger:
     def __init__(self, name: TriggerName, config: SlowTriggerConfig) -> None:
         self.name: TriggerName = name
         self.config = config
-        self._recent: deque[float] = deque()
-        self._sorted: list[float] = []
+        self._baseline = RollingMedian(config.baseline_steps)
         self._streak = 0
         self._fired = 0
         self._quiet_until: int | None = None
@@ -34,11 +33,9 @@ class SlowTrigger:
 
     def median(self) -> float | None:
         """The baseline's median, once it is full."""
-        values = self._sorted
-        if len(values) < self.config.baseline_steps:
+        if len(self._baseline) < self.config.baseline_steps:
             return None
-        mid = len(values) // 2
-        return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+        return self._baseline.median()
 
     def observe(self, step: int, seconds: float | None, *, profiled: bool) -> str | None:
         """Step ``step`` took ``seconds`` (``None``: nothing to measure); why it fires now, if
@@ -63,22 +60,15 @@ class SlowTrigger:
                     self._quiet_until = step + 1 + cfg.capture + cfg.cooldown_steps
             else:
                 self._streak = 0
-        self._add(seconds)
+        self._baseline.add(seconds)
         return fired
-
-    def _add(self, seconds: float) -> None:
-        self._recent.append(seconds)
-        bisect.insort(self._sorted, seconds)
-        if len(self._recent) > self.config.baseline_steps:
-            old = self._recent.popleft()
-            del self._sorted[bisect.bisect_left(self._sorted, old)]
 
     def status(self) -> TriggerStatus:
         """Where the trigger stands, for ``aprof status``."""
         median = self.median()
         return TriggerStatus(
             name=self.name,
-            baseline=len(self._recent),
+            baseline=len(self._baseline),
             baseline_steps=self.config.baseline_steps,
             median_s=median,
             threshold_s=None if median is None else self.config.factor * median,

@@ -1,16 +1,30 @@
 """``aprof report``: what a run captured, step by step, in the terminal and as report.html.
 
-- ``build.py``: :func:`collect`, a run read back into a :class:`RunReport`;
+- ``build.py``: :func:`collect`, a run read back into a :class:`RunReport`; :func:`accounts`,
+  every step's accounting from the timelines alone (``aprof status``);
 - ``model.py``: the report's data (steps, windows, distributions, intervals);
-- ``requests.py``: what the timelines give (request latency, gated waits);
+- ``requests.py``: what the timelines give (request latency, gated waits, and every step's
+  spans for the accounting of :mod:`aprof._accounting`);
 - ``traces.py``: what the traces give (iterations, stages);
 - ``clock.py``: wall-clock intervals shared by both;
 - ``text.py``: the terminal report (:func:`render`, :func:`summary`);
+- ``document.py``: the accounting of every step as one JSON object (:func:`dumps`);
 - ``html.py``: report.html (plotly, imported when drawn).
 """
 
-from aprof._report.build import collect, report, with_html
+from aprof._report.build import accounts, collect, report, with_html
+from aprof._report.document import dumps
 from aprof._report.model import RunReport, StepReport
 from aprof._report.text import render, summary
 
-__all__ = ["RunReport", "StepReport", "collect", "render", "report", "summary", "with_html"]
+__all__ = [
+    "RunReport",
+    "StepReport",
+    "accounts",
+    "collect",
+    "dumps",
+    "render",
+    "report",
+    "summary",
+    "with_html",
+]

@@ -48,7 +48,8 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
-from aprof._manifest import WindowRecord, load_manifest
+from aprof._accounting import BASELINE, FACTOR, Ledger, StepAccount
+from aprof._manifest import Manifest, WindowRecord, load_manifest
 from aprof._report import traces
 from aprof._report.clock import MAX_NS, Earliest
 from aprof._report.model import (
@@ -95,22 +96,16 @@ def collect(save_path: str | os.PathLike[str]) -> RunReport:
     by_step: dict[int, list[WindowRecord]] = defaultdict(list)
     for window in manifest.windows:
         by_step[window.step].append(window)
-    requests = Requests(set(by_step))
+    ledger = Ledger()
+    requests = Requests(set(by_step), ledger)
     problems = [f"{n.text}" for n in manifest.notes if n.step is None]
-    for entry in manifest.timeline:
-        if entry.dropped > 0:
-            problems.append(
-                f"{entry.path}: {entry.dropped} timeline events dropped "
-                "(raise timeline.buffer_events)"
-            )
-        try:  # passed on, not kept: one input in memory at a time
-            requests.add_file(
-                read_trace_below(root, entry.path, traces.MAX_INPUT_BYTES), entry.process
-            )
-        except Exception as exc:  # a damaged timeline costs its own spans only
-            problems.append(f"{entry.path}: timeline unreadable: {unreadable(exc)}")
+    problems += _read_timelines(root, manifest, requests)
     stages = traces.stage_names(manifest)
     steps = tuple(_step_report(root, n, by_step[n], requests, stages) for n in sorted(by_step))
+    for (step, target), when_us in requests.started_us.items():
+        replica = target.removeprefix("replica_")
+        if replica.isdigit() and len(replica) < 19:
+            ledger.capture_started(step, int(replica), round(when_us * 1000))
     notes = tuple(
         f"step {n.step}{f' {n.target}' if n.target else ''}: {n.text}"
         for n in manifest.notes
@@ -126,7 +121,53 @@ def collect(save_path: str | os.PathLike[str]) -> RunReport:
         latency_unprofiled=requests.unprofiled.distribution(),
         problems=tuple(problems),
         notes=notes,
+        accounts=tuple(ledger.accounts(*_anomaly_rule(manifest))),
     )
+
+
+def _anomaly_rule(manifest: Manifest) -> tuple[float, int]:
+    """The run's ``triggers.slow_step`` factor and baseline, else the defaults."""
+    triggers = manifest.config.get("triggers")
+    slow = triggers.get("slow_step") if isinstance(triggers, dict) else None
+    if not isinstance(slow, dict):
+        return FACTOR, BASELINE
+    factor, baseline = slow.get("factor"), slow.get("baseline_steps")
+    return (
+        factor if isinstance(factor, float | int) and factor > 0 else FACTOR,
+        baseline if isinstance(baseline, int) and baseline > 0 else BASELINE,
+    )
+
+
+def accounts(save_path: str | os.PathLike[str]) -> tuple[StepAccount, ...]:
+    """Where each step of the run in ``save_path`` went, from its timelines alone (no capture
+    trace is read: ``train_s`` is the stage spans'); a live run's as far as written.
+
+    Raises ``ManifestError`` when ``save_path`` holds no readable manifest; a timeline that
+    cannot be read costs its own spans.
+    """
+    root = Path(save_path)
+    manifest = load_manifest(root)
+    ledger = Ledger()
+    _read_timelines(root, manifest, Requests({w.step for w in manifest.windows}, ledger))
+    return tuple(ledger.accounts(*_anomaly_rule(manifest)))
+
+
+def _read_timelines(root: Path, manifest: Manifest, requests: Requests) -> list[str]:
+    """Every timeline part of the run into ``requests``, one at a time; the problems met."""
+    problems = []
+    for entry in manifest.timeline:
+        if entry.dropped > 0:
+            problems.append(
+                f"{entry.path}: {entry.dropped} timeline events dropped "
+                "(raise timeline.buffer_events)"
+            )
+        try:  # passed on, not kept: one input in memory at a time
+            requests.add_file(
+                read_trace_below(root, entry.path, traces.MAX_INPUT_BYTES), entry.process
+            )
+        except Exception as exc:  # a damaged timeline costs its own spans only
+            problems.append(f"{entry.path}: timeline unreadable: {unreadable(exc)}")
+    return problems
 
 
 # -- steps -----------------------------------------------------------------------------------
@@ -168,6 +209,9 @@ def _step_report(
                 if read is None:
                     continue
                 values, ranges, placed = read
+                if names:  # stage ranges (else top-level ranges, which are no stages)
+                    for item in ranges:
+                        requests.ledger.stage(item.begin_ns, item.end_ns)
                 for name, durations in values.items():
                     stage_values.setdefault(f"{window.target} · {name}", array("d")).extend(
                         durations

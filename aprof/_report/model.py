@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aprof._accounting import StepAccount
+
 SAMPLE = 2000
 """The most values a ``Distribution.sample`` holds."""
 
@@ -116,6 +118,9 @@ class RunReport:
     """Things to know that are not problems (the manifest's notes of each step)."""
     html: Path | None = None
     """Where :func:`report` wrote the HTML report; ``None`` from :func:`collect`."""
+    accounts: tuple[StepAccount, ...] = ()
+    """Every step with a span on the driver's timeline, profiled or not: where its time
+    went (:mod:`aprof._accounting`)."""
 
 
 def distribution(values: Sequence[float], count: int | None = None) -> Distribution:

@@ -10,6 +10,7 @@ from array import array
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from aprof._accounting import STAGE, Ledger
 from aprof._report.clock import US, Earliest, interval, number
 from aprof._report.model import Distribution, Interval, distribution
 
@@ -51,8 +52,10 @@ class StepRequests:
 class Requests:
     """What the timelines say: request latencies by step, gated requests, capture starts."""
 
-    def __init__(self, profiled: set[int]) -> None:
+    def __init__(self, profiled: set[int], ledger: Ledger) -> None:
         self.profiled_steps = profiled
+        self.ledger = ledger
+        """Every step's spans, requests and stages, for the accounting."""
         self.steps: dict[int, StepRequests] = {}
         self.profiled = _Reservoir()
         self.unprofiled = _Reservoir()
@@ -76,9 +79,12 @@ class Requests:
             raise ValueError("no traceEvents list")
         begun = dict(self._open.get(process, {}))
         done: list[tuple[float, float, dict[str, Any]]] = []
+        stages: list[tuple[float, float]] = []
+        staleness: list[tuple[int, float]] = []
         captures: dict[str, tuple[int, str]] = {}
         started: dict[tuple[int, str], float] = {}
         step_spans: dict[int, Interval] = {}
+        walls: list[tuple[int, Interval, bool]] = []
         for event in events:
             if not isinstance(event, dict):
                 continue
@@ -90,8 +96,23 @@ class Requests:
             if cat == "step" and phase == "X":
                 step = _integer(_arg(event, "step"))
                 span = interval(base, ts, number(event.get("dur")), f"step {step}")
-                if step in self.profiled_steps and span is not None:
-                    step_spans.setdefault(step, span)
+                if step is not None and span is not None:
+                    walls.append((step, span, _arg(event, "profiled") is True))
+                    if step in self.profiled_steps:
+                        step_spans.setdefault(step, span)
+            elif cat == "span" and key is not None:
+                if phase == "b":
+                    args = event.get("args")
+                    if not isinstance(args, dict):
+                        continue
+                    if args.get("aprof") == STAGE:
+                        begun[key] = (ts, _STAGE_ARGS)
+                    stale, step = number(args.get("staleness")), _integer(args.get("step"))
+                    if stale is not None and step is not None:
+                        staleness.append((step, stale))
+                elif phase == "e" and key in begun:
+                    begin, _ = begun.pop(key)
+                    stages.append((begin, ts))
             elif cat == "request" and key is not None:
                 if phase == "b":
                     args = event.get("args")
@@ -119,6 +140,34 @@ class Requests:
             self._request(
                 begin + base_us, end + base_us, args, interval(base, begin, end - begin, "")
             )
+            self._account(base, begin, end, args, process)
+        ledger = self.ledger
+        for step, span, profiled in walls:
+            ledger.step(step, span.begin_ns, span.end_ns, profiled=profiled)
+        for begin, end in stages:
+            ledger.stage(base + round(begin * 1000), base + round(end * 1000))
+        for step, stale in staleness:
+            ledger.staleness(step, stale)
+        ledger.settle()
+
+    def _account(
+        self, base: int, begin: float, end: float, args: dict[str, Any], process: str
+    ) -> None:
+        replica = _integer(args.get("replica"))
+        if replica is None:
+            return
+        request_id = args.get("request_id")
+        tokens = _integer(args.get("tokens"))
+        self.ledger.request(
+            base + round(begin * 1000),
+            base + round(end * 1000),
+            step=_integer(args.get("step")),
+            replica=replica,
+            request_id=request_id if isinstance(request_id, str) else None,
+            tokens=tokens or 0,
+            gated=args.get("gated") is True,
+            process=process,
+        )
 
     def _request(
         self, begin_us: float, end_us: float, args: dict[str, Any], span: Interval | None
@@ -148,6 +197,10 @@ class Requests:
             span = replace(span, label=label, state=state)
             row = "requests" if replica is None else f"requests → replica_{replica}"
             self.spans.setdefault(step, Earliest()).add(row, span)
+
+
+_STAGE_ARGS: dict[str, Any] = {}
+"""What a stage span's begin is kept with: a stage span's args are not needed at its end."""
 
 
 def gated_waits(

@@ -1,9 +1,10 @@
 """``aprof report`` in the terminal: a :class:`~aprof._report.model.RunReport` as plain text.
 
-Every problem first (the run's, then each step's), then per profiled step its windows, request
-latency (captured vs uncaptured), gated wait, server iteration and trainer stage durations, then
-the run-wide latency of profiled against unprofiled steps. No colors; no line is longer than
-``WIDTH``.
+Every problem first (the run's, then each step's), then the run at a glance (where each step's
+time went: every step, or on a long run the profiled and anomalous ones and a summary line),
+then per profiled step its windows, request latency (captured vs uncaptured), gated wait, server
+iteration and trainer stage durations, then the run-wide latency of profiled against unprofiled
+steps. No colors; no line is longer than ``WIDTH``.
 """
 
 from __future__ import annotations
@@ -11,10 +12,14 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Iterable
 
+from aprof._accounting import StepAccount
+from aprof._accounting import summary as run_summary
 from aprof._report.model import Distribution, RunReport, StepReport, WindowRow
 
 WIDTH = 100
 """The most columns a line takes."""
+GLANCE_STEPS = 30
+"""A run with more steps shows only its profiled and anomalous ones at a glance."""
 _INDENT = "  "
 
 
@@ -22,6 +27,7 @@ def render(report: RunReport) -> str:
     """The whole report: problems on top, then each step, then the run-wide comparison."""
     lines = [_title(report)]
     lines += _problems(report)
+    lines += _glance(report.accounts)
     for step in report.steps:
         lines += ["", f"step {step.step}"]
         lines += _table(step.windows)
@@ -78,6 +84,65 @@ def _problems(report: RunReport) -> list[str]:
 _HEADER = ("target", "kind", "tool", "state", "stop", "fwd r/o", "gated/adm", "files", "size")
 _CLIPS = (18, 7, 10, 7, 9, 11, 11, 6, 10)
 """The most characters of each column (the whole table fits in ``WIDTH``)."""
+
+
+_GLANCE = ("step", "wall", "rollout", "train", "overlap", "idle", "reqs", "p99", "tail", "anomaly")
+
+
+def _glance(accounts: tuple[StepAccount, ...]) -> list[str]:
+    """Where each step's time went, one line per step (``*``: profiled)."""
+    if not accounts:
+        return []
+    shown = accounts
+    if len(accounts) > GLANCE_STEPS:
+        shown = tuple(a for a in accounts if a.profiled or a.anomaly is not None)
+    rows = [_GLANCE]
+    for a in shown:
+        anomaly = "-" if a.anomaly is None else f"x{a.anomaly.factor:.1f} {a.anomaly.phase}"
+        rows.append(
+            (
+                f"{a.step}{'*' if a.profiled else ''}",
+                _s(a.wall_s),
+                _share(a.rollout_s, a.wall_s),
+                _share(a.train_s, a.wall_s),
+                _share(a.overlap_s, a.wall_s),
+                _share(a.idle_s, a.wall_s),
+                str(a.requests),
+                _s(a.p99_s),
+                _s(a.tail_s),
+                anomaly,
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_GLANCE))]
+    lines = ["", "the run at a glance (* profiled; phases are shares of the step's wall time)"]
+    lines += [
+        _clip(_INDENT + "  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        for row in rows
+    ]
+    total = run_summary(accounts)
+    wall = total["wall_s"]
+    line = (
+        f"{total['steps']} steps, {_s(wall)}: rollout {_share(total['rollout_s'], wall)}, "
+        f"train {_share(total['train_s'], wall)}, overlap {_share(total['overlap_s'], wall)}, "
+        f"idle {_share(total['idle_s'], wall)}; {len(total['anomalies'])} anomalous"
+    )
+    if len(shown) < len(accounts):
+        line += f" ({len(accounts) - len(shown)} steps neither profiled nor anomalous not listed)"
+    return lines + _wrapped([line], _INDENT)
+
+
+def _s(seconds: float | None) -> str:
+    """Three digits: ``7.82 s``, ``284 µs``."""
+    if seconds is None:
+        return "-"
+    for scale, unit in ((1.0, "s"), (1e-3, "ms")):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds * 1e6:.3g} µs"
+
+
+def _share(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.0f}%" if whole > 0 else "-"
 
 
 def _table(windows: Iterable[WindowRow]) -> list[str]:

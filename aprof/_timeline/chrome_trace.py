@@ -11,8 +11,13 @@ in the file: Perfetto puts async slices on one track per (process, name of the s
 replica's requests, each target's captures and each span name get their own track. Steps never
 overlap, so they are ``X`` slices on the event-loop thread.
 
-Standard library only (and ``aprof._safe_files``): the writer process runs it
-(``writer_child.py``).
+Each writer also keeps the :class:`~aprof._accounting.Ledger` of the events it writes (their
+requests, steps, stages and capture starts on the wall clock): :meth:`ChromeTraceWriter.take_ledger`
+hands it over after each write, so that a live run knows where each step's time went without
+reading its files back.
+
+Standard library only (and ``aprof._safe_files``, ``aprof._accounting``): the writer process
+runs it (``writer_child.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from json.encoder import encode_basestring_ascii as _quote
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
+from aprof._accounting import STAGE, Ledger
 from aprof._safe_files import move_aside, open_folder, replace_file
 from aprof._timeline.events import REQUEST, SPAN, STEP, WINDOW, Event
 
@@ -116,6 +122,14 @@ class ChromeTraceWriter:
         self._where = f'"pid":{self._pid},"tid":{self._tid}'
         self._names: dict[str, str] = {}
         self._keys: dict[str, str] = {}
+        self._ledger = Ledger()
+        self._wall = clock.wall_ns - clock.monotonic_ns
+        """Added to a monotonic time: the wall clock's."""
+
+    def take_ledger(self) -> tuple[object, ...]:
+        """The ledger of the events :meth:`add` took since the last call
+        (:meth:`aprof._accounting.Ledger.take`)."""
+        return self._ledger.take()
 
     def add(self, events: list[Event]) -> None:
         """Turn ``events`` into the next write's compressed JSON.
@@ -248,6 +262,8 @@ class ChromeTraceWriter:
             self._keys,
         )
         others = {STEP: self._step, WINDOW: self._window}
+        ledger, wall = self._ledger, self._wall
+        process = self._process
         while events:
             piece = events[-_CHUNK:]
             del events[-_CHUNK:]
@@ -274,6 +290,16 @@ class ChromeTraceWriter:
                         f'"gated":{_TF[gated]},"captured":{_TF[captured]}{extra}}}}}'
                         f',\n{{"ph":"e",{same},"ts":{(end - base) // 1000}}}'
                     )
+                    ledger.request(
+                        begin + wall,
+                        end + wall,
+                        step=step,
+                        replica=replica,
+                        request_id=request_id if isinstance(request_id, str) else None,
+                        tokens=tokens,
+                        gated=gated,
+                        process=process,
+                    )
                 elif kind == SPAN:
                     name, begin, end, step, note = event[1:6]
                     half = (len(event) - 6) // 2
@@ -299,6 +325,8 @@ class ChromeTraceWriter:
                         f'"args":{{{",".join(args)}}}}}'
                         f',\n{{"ph":"e",{same},"ts":{(end - base) // 1000}}}'
                     )
+                    if "aprof" in attr_keys or "staleness" in attr_keys:
+                        self._account_span(begin, end, step, attr_keys, attr_values)
                 else:
                     add(others[kind](event))
             yield "".join(out)
@@ -307,8 +335,24 @@ class ChromeTraceWriter:
         # Whole microseconds since the clock anchor; with baseTimeNanoseconds that is wall time.
         return (ns - self._base) // 1000
 
+    def _account_span(
+        self,
+        begin: int,
+        end: int,
+        step: int | None,
+        keys: tuple[str, ...],
+        values: tuple[object, ...],
+    ) -> None:
+        attrs = dict(zip(keys, values, strict=True))
+        if attrs.get("aprof") == STAGE:
+            self._ledger.stage(begin + self._wall, end + self._wall)
+        stale, used_in = attrs.get("staleness"), attrs.get("step", step)
+        if isinstance(stale, int | float) and isinstance(used_in, int) and math.isfinite(stale):
+            self._ledger.staleness(used_in, stale)
+
     def _step(self, event: Event) -> str:
         _, begin, end, n, selected = event
+        self._ledger.step(n, begin + self._wall, end + self._wall, profiled=selected)
         return (
             f',\n{{"ph":"X","cat":"step","name":"step {n}",{self._where},'
             f'"ts":{self._us(begin)},"dur":{self._us(end) - self._us(begin)},'
@@ -317,6 +361,14 @@ class ChromeTraceWriter:
 
     def _window(self, event: Event) -> str:
         _, target, kind, step, marks, end, state, reason, enforced_by, error, note = event
+        replica = target.removeprefix("replica_")
+        if kind == "rollout" and replica.isdigit() and len(replica) < 19:
+            # The starting slice's end (as the report reads it): the capture was active, or
+            # its start ended otherwise; a window that never started, at its instant.
+            phases = [phase for phase, _ in marks]
+            at = phases.index("starting") + 1 if "starting" in phases else len(marks)
+            started = marks[at][1] if at < len(marks) else end
+            self._ledger.capture_started(step, int(replica), started + self._wall)
         args: dict[str, object] = {
             "step": step,
             "target": target,

@@ -11,11 +11,13 @@ little-endian):
 - ``(CLOSE, file)``: no more writes to it.
 
 Through its stdout go lines: ``ready`` once, then one per ``WRITE``, ``written <bytes> <events>
-<dropped> <part>`` or ``failed <repr of the error>``. Standard library only: both sides load it.
+<dropped> <part> <ledger>`` (``ledger``: the base64 of marshal's bytes of the file's
+``take_ledger()``) or ``failed <repr of the error>``. Standard library only: both sides load it.
 """
 
 from __future__ import annotations
 
+import base64
 import marshal
 from typing import IO, Any, Final
 
@@ -45,9 +47,10 @@ def receive(source: IO[bytes]) -> tuple[Any, ...] | None:
     return message
 
 
-def written(size: int, events: int, dropped: int, part: int) -> bytes:
+def written(size: int, events: int, dropped: int, part: int, ledger: Any) -> bytes:
     """The answer to a write that succeeded."""
-    return b"written %d %d %d %d\n" % (size, events, dropped, part)
+    blob = base64.b64encode(marshal.dumps(ledger))
+    return b"written %d %d %d %d %s\n" % (size, events, dropped, part, blob)
 
 
 def failed(error: BaseException) -> bytes:
@@ -55,13 +58,15 @@ def failed(error: BaseException) -> bytes:
     return f"failed {error!r}".replace("\n", " ").encode() + b"\n"
 
 
-def parse_answer(line: bytes) -> tuple[int, int, int, int] | str | None:
-    """A write's answer: the written file's numbers, the error text of a failed write, or
-    ``None`` for anything else (the child ended)."""
+def parse_answer(line: bytes) -> tuple[tuple[int, int, int, int], Any] | str | None:
+    """A write's answer: the written file's numbers and its ledger, the error text of a
+    failed write, or ``None`` for anything else (the child ended)."""
     kind, _, rest = line.decode(errors="replace").rstrip("\n").partition(" ")
     if kind == "written":
-        size, events, dropped, part = map(int, rest.split())
-        return size, events, dropped, part
+        size, events, dropped, part, blob = rest.split()
+        return (int(size), int(events), int(dropped), int(part)), marshal.loads(
+            base64.b64decode(blob)
+        )
     if kind == "failed":
         return rest
     return None

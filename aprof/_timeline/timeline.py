@@ -22,6 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, TypeVar
 
+from aprof._accounting import Ledger
 from aprof._logging import logger
 from aprof._timeline.chrome_trace import Anchor, ChromeTraceWriter, Written, part_name
 from aprof._timeline.events import STEP, WINDOW, Event, now_ns
@@ -67,6 +68,16 @@ class Timeline:
         self._failing = False
         """The last write failed (said once on the log)."""
         self._executor: ThreadPoolExecutor | None = None
+        self._ledger = Ledger()
+        """What the writes so far hold, for the accounting of a live run (taken by
+        :meth:`take_ledger`); written by the writer thread, under ``_ledger_lock``."""
+        self._ledger_lock = threading.Lock()
+
+    def take_ledger(self) -> tuple[object, ...]:
+        """The ledger of the events written since the last call
+        (:meth:`aprof._accounting.Ledger.take`'s plain data); any thread."""
+        with self._ledger_lock:
+            return self._ledger.take()
 
     def add(self, event: Event) -> None:
         """Keep ``event`` if the timeline has room until its next write, else count it as
@@ -172,10 +183,21 @@ class Timeline:
                 logger.warning("timeline write failed", path=str(self.path), error=repr(exc))
             self._failing = True
             raise
+        finally:
+            self._keep_ledger(writer)
         if self._failing:
             logger.warning("timeline written again", path=str(self.path))
             self._failing = False
         return size
+
+    def _keep_ledger(self, writer: RemoteFile | ChromeTraceWriter) -> None:
+        try:
+            plain = writer.take_ledger()
+            if plain is not None:
+                with self._ledger_lock:
+                    self._ledger.merge(plain)
+        except Exception as exc:  # the accounting of a live run is worth no write
+            logger.warning("timeline ledger lost", path=str(self.path), error=repr(exc))
 
     async def write_now(self) -> None:
         """Flush and wait for the write (its errors are logged, not raised)."""

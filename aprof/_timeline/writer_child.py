@@ -56,7 +56,7 @@ def serve(source: IO[bytes], reply: IO[bytes]) -> None:
             except Exception as exc:  # costs this write only, as in the recording process
                 answer = protocol.failed(exc)
             else:
-                answer = protocol.written(*writer.written)
+                answer = protocol.written(*writer.written, writer.take_ledger())
         elif kind == protocol.OPEN:
             root, path, process, wall_ns, monotonic_ns, pid, tid = message[2:]
             writers[file] = ChromeTraceWriter(

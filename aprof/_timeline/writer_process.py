@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, ClassVar, Final
+from typing import IO, Any, ClassVar, Final
 
 from aprof import _safe_files
 from aprof._logging import logger
@@ -124,9 +124,9 @@ class WriterProcess:
         with self._lock, contextlib.suppress(OSError):  # the write that follows says so
             self._deliver(data)
 
-    def write(self, file: int, dropped: int) -> Written:
+    def write(self, file: int, dropped: int) -> tuple[Written, Any]:
         """Have ``file`` written with what :meth:`add` sent since its last write; waits for
-        the child's answer."""
+        the child's answer: the file's numbers and its ledger's plain data."""
         with self._lock:
             self._deliver(protocol.frame((protocol.WRITE, file, dropped)))
             try:
@@ -140,7 +140,8 @@ class WriterProcess:
                 raise OSError(self._why)
             answer = protocol.parse_answer(line)
             if isinstance(answer, tuple):
-                return Written(*answer)
+                numbers, ledger = answer
+                return Written(*numbers), ledger
             if isinstance(answer, str):
                 raise OSError(answer)
             self.ended = True
@@ -217,14 +218,21 @@ class RemoteFile:
         write's."""
         self.parts: tuple[Written, ...] = ()
         """The parts before the current one, complete."""
+        self._ledger: Any = None
+        """The ledger the last write's answer brought, not taken yet."""
 
     def add_marshalled(self, events: bytes) -> None:
         """Hand ``events`` (``Recorder.take()``'s) to the next write."""
         self._process.add(self._file, events)
 
+    def take_ledger(self) -> Any:
+        """The ledger of the events written since the last call (``None``: none came)."""
+        ledger, self._ledger = self._ledger, None
+        return ledger
+
     def write(self, dropped: int) -> int:
         """Rewrite the file with what :meth:`add` took since the last write; returns its size."""
-        written = self._process.write(self._file, dropped)
+        written, self._ledger = self._process.write(self._file, dropped)
         if written.part != self.written.part and self.written.bytes:
             self.parts = (*self.parts, self.written)
         self.written = written

@@ -6,8 +6,10 @@ runs ``--num-steps`` global steps: each step rolls out ``--concurrency`` multi-t
 tool-calling agent loops over the replicas and trains a tiny policy on CPU. The ``--steps``
 steps are profiled: a rollout window on every replica (auto-stopped by the server after
 ``--forward-steps`` engine forward steps) and a ``trainer`` role window around the policy
-update. Everything goes under ``--out``; the servers' and the trainer's own output goes to log
-files under ``--out``/logs.
+update. Every step's policy update is the trainer stage ``update_policy`` on the driver's
+timeline (``prof.stage``), which the report counts as the step's training time; in
+``--mode fully-async`` the rollouts go on during it. Everything goes under ``--out``; the
+servers' and the trainer's own output goes to log files under ``--out``/logs.
 """
 
 from __future__ import annotations
@@ -200,7 +202,7 @@ async def _main(args: argparse.Namespace, config: ProfilerConfig, logs: Path) ->
                 began = time.monotonic()
                 async with prof.step(n):
                     batch = await runner.run_batch(itertools.islice(samples, args.concurrency))
-                    loss = await _train(trainer, batch)
+                    loss = await _train(prof, trainer, batch)
                 _progress(prof, n, args.num_steps, batch, loss, began)
         else:
             async with runner.stream(samples, max_staleness=1) as rollouts:
@@ -208,7 +210,7 @@ async def _main(args: argparse.Namespace, config: ProfilerConfig, logs: Path) ->
                     began = time.monotonic()
                     async with prof.step(n):
                         batch = await rollouts.take(args.concurrency, timeout_s=120.0)
-                        loss = await _train(trainer, batch)
+                        loss = await _train(prof, trainer, batch)
                     _progress(prof, n, args.num_steps, batch, loss, began)
     return prof.manifest
 
@@ -281,11 +283,14 @@ def _reward(traj: Trajectory) -> float:
     return sum(r.ok for r in results) / len(results) if results else 0.0
 
 
-async def _train(trainer: TrainerProcess, batch: Sequence[Trajectory]) -> float:
+async def _train(prof: Profiler, trainer: TrainerProcess, batch: Sequence[Trajectory]) -> float:
+    """The step's policy update, as the trainer stage ``update_policy`` on the driver's
+    timeline: the report counts it as the step's training time."""
     done = [traj for traj in batch if traj.ok]
-    # In the trainer's process: the policy update is CPU-bound and the rollouts (fully-async)
-    # go on meanwhile.
-    return await trainer.update([traj.response for traj in done], [_reward(t) for t in done])
+    async with prof.stage("update_policy"):
+        # In the trainer's process: the policy update is CPU-bound and the rollouts
+        # (fully-async) go on meanwhile: their requests overlap the stage.
+        return await trainer.update([traj.response for traj in done], [_reward(t) for t in done])
 
 
 def _progress(

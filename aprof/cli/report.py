@@ -6,8 +6,9 @@ then per profiled step its windows, the request latency (p50/p95/p99) of capture
 uncaptured requests, the gated requests' wait for their capture's start, the servers' iteration
 times and the trainer's stage durations read from the traces, and the latency of the requests
 of profiled against unprofiled steps. Also writes SAVE_PATH/report.html (not with --no-html)
-and prints its path. Exits 1 with one line when SAVE_PATH holds no run or report.html cannot be
-written.
+and prints its path. With --json, prints only one JSON object, every step's accounting
+(``aprof._report.document``), and writes nothing. Exits 1 with one line when SAVE_PATH holds
+no run or report.html cannot be written.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import argparse
 import sys
 
 from aprof import ManifestError
-from aprof._report import collect, render, with_html
+from aprof._report import collect, dumps, render, with_html
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,6 +25,11 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("save_path", metavar="SAVE_PATH", help="a profiled run's save_path")
     parser.add_argument(
         "--no-html", action="store_true", help="print the report only; write no report.html"
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print every step's accounting as one JSON object, and nothing else; write nothing",
     )
 
 
@@ -33,6 +39,9 @@ def run(args: argparse.Namespace) -> int:
         report = collect(args.save_path)
     except (ManifestError, OSError) as exc:
         return _fail(exc)
+    if args.json:
+        print(dumps(report))
+        return 0
     sys.stdout.write(render(report))
     if args.no_html:
         return 0

@@ -4,12 +4,19 @@ Read SAVE_PATH/control/status.json, which a run writes at each step boundary, as
 move and at each capture decision, and a last time when it closes, and show: whether the run is
 alive or ended (a status that says running on this host whose process is gone is shown as
 ended: killed?), the step open and for how long, the open windows and their phases, the last
-finished windows with their state and forward steps, the steps captures and triggers have
-planned, each trigger and its baseline, and the run's problems. A run without a status (an
-older run) is read from its manifest instead. With --watch, redraw every --interval seconds
-until Ctrl-C, also after the run has ended. With --json, print one JSON object: the status's
-fields plus alive, liveness and source ("status" or "manifest"). Exits 1 with one line when
-SAVE_PATH holds no run or its files cannot be read.
+finished windows with their state and forward steps, the last ``LAST_STEPS`` steps' accounting
+(wall time, rollout, train, overlap and idle as shares of it, requests, p99, tail, anomaly),
+the steps captures and triggers have planned, each trigger and its baseline, and the run's
+problems. A run without a status (an older run) is read from its manifest instead. With
+--watch, redraw every --interval seconds until Ctrl-C, also after the run has ended. With
+--json, print one JSON object: the status's fields plus alive, liveness, source ("status" or
+"manifest"), last_steps and accounting_error. Exits 1 with one line when SAVE_PATH holds no run
+or its files cannot be read.
+
+The accounting (``aprof._report.accounts``) reads the manifest and every timeline file it
+lists, seconds on a long run: --watch reads it again at most every ``ACCOUNTING_EVERY_S``
+seconds and shows the last result between. It never breaks status: a run without a manifest
+has no such section, and any failure of it is one line there (``accounting unavailable: ...``).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import math
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -30,6 +38,8 @@ from aprof._control import ControlFolder, RunStatus, WindowStatus, process_gone
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
+    from aprof._accounting import StepAccount
+
 INTERVAL_S: Final = 0.5
 """How often --watch reads the status again, unless --interval says otherwise."""
 INTERVAL_BOUNDS: Final = (0.1, 60.0)
@@ -37,6 +47,10 @@ RECENT: Final = 20
 """Finished windows shown from a manifest (a status lists its own last ones)."""
 NONE: Final = "-"
 """A value not known (yet)."""
+LAST_STEPS: Final = 5
+"""Accounted steps shown, the last ones."""
+ACCOUNTING_EVERY_S: Final = 10.0
+"""How often --watch reads the accounting again at most (it reads every timeline file)."""
 
 
 # -- the command -------------------------------------------------------------------------------
@@ -82,10 +96,11 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if args.watch:
         return watch(root, view, args.interval)
+    accounting = last_steps(root)
     if args.json:
-        print(json.dumps(as_json(view), indent=1))
+        print(json.dumps(as_json(view, accounting), indent=1))
     else:
-        sys.stdout.write(as_text(sections(view, time.time_ns())))
+        sys.stdout.write(as_text(sections(view, time.time_ns(), accounting)))
     return 0
 
 
@@ -242,12 +257,82 @@ def _config_steps(config: dict[str, Any]) -> str | None:
         return json.dumps(profiler["steps"])
 
 
+# -- the last steps' accounting ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LastSteps:
+    """The last steps' accounting as read once: the steps, or why there are none."""
+
+    steps: tuple[StepAccount, ...]
+    """At most ``LAST_STEPS``, by step, the last ones."""
+    empty: str
+    """What the section says without a step."""
+    error: str | None = None
+    """Why the accounting could not be read (one line), ``None`` when it was."""
+
+
+def last_steps(root: Path) -> LastSteps | None:
+    """The accounting of the run's last steps as far as its timelines are written; ``None``
+    when ``root`` has no manifest (nothing to account). Never raises (but on Ctrl-C)."""
+    try:
+        from aprof._report import accounts
+
+        steps = sorted(accounts(root), key=lambda account: account.step)
+    except ManifestError as exc:
+        if not (root / "manifest.json").exists():
+            return None
+        return _unavailable(exc)
+    except Exception as exc:  # whatever it is, status still shows the rest
+        return _unavailable(exc)
+    if steps:
+        return LastSteps(tuple(steps[-LAST_STEPS:]), empty="none")
+    try:
+        files = len(load_manifest(root).timeline)
+    except Exception as exc:
+        return _unavailable(exc)
+    if not files:
+        return LastSteps((), empty="no timeline (timeline.enable false, or none written yet)")
+    why = f"its {files} timeline file(s) hold no ended step, or cannot be read"
+    return LastSteps((), empty=f"none accounted: {why}")
+
+
+def _unavailable(exc: BaseException) -> LastSteps:
+    reason = one_line(_reason(exc))
+    return LastSteps((), empty=f"accounting unavailable: {reason}", error=reason)
+
+
+class Accountant:
+    """:func:`last_steps` of one run for --watch, read again at most every ``every_s`` seconds
+    (counted from the end of the last read) and kept between."""
+
+    def __init__(
+        self,
+        root: Path,
+        every_s: float = ACCOUNTING_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.root = root
+        self.every_s = every_s
+        self._clock = clock
+        self._last: LastSteps | None = None
+        self._read_at: float | None = None
+
+    def __call__(self) -> LastSteps | None:
+        if self._read_at is None or self._clock() - self._read_at >= self.every_s:
+            self._last = last_steps(self.root)
+            self._read_at = self._clock()
+        return self._last
+
+
 # -- JSON --------------------------------------------------------------------------------------
 
 
-def as_json(view: RunView) -> dict[str, Any]:
+def as_json(view: RunView, accounting: LastSteps | None = None) -> dict[str, Any]:
     """The status's fields (unknown ones ``null`` when read from a manifest), plus ``alive``,
-    ``liveness`` and ``source``."""
+    ``liveness``, ``source``, ``last_steps`` (each step's ``StepAccount.as_json()``; ``null``
+    without a manifest or when the accounting failed) and ``accounting_error`` (why it failed,
+    else ``null``)."""
     if view.status is not None:
         data: dict[str, Any] = view.status.model_dump(mode="json", by_alias=True)
     else:
@@ -265,6 +350,12 @@ def as_json(view: RunView) -> dict[str, Any]:
             problems=list(view.problems),
         )
     data.update(alive=view.alive, liveness=view.liveness, source=view.source)
+    if accounting is None or accounting.error is not None:
+        data.update(
+            last_steps=None, accounting_error=None if accounting is None else accounting.error
+        )
+    else:
+        data.update(last_steps=[step.as_json() for step in accounting.steps], accounting_error=None)
     return data
 
 
@@ -282,12 +373,14 @@ class Section:
     """What is shown when there is no row."""
 
 
-def sections(view: RunView, now_ns: int) -> list[Section]:
-    """Everything ``aprof status`` shows of ``view`` at wall-clock time ``now_ns``."""
+def sections(view: RunView, now_ns: int, accounting: LastSteps | None = None) -> list[Section]:
+    """Everything ``aprof status`` shows of ``view`` at wall-clock time ``now_ns`` (with the
+    last steps' ``accounting``, when there is one)."""
     return [
         summary(view, now_ns),
         open_windows(view),
         recent_windows(view),
+        *([] if accounting is None else [accounted_steps(accounting)]),
         planned_steps(view),
         triggers(view),
         problems(view),
@@ -343,6 +436,48 @@ def recent_windows(view: RunView) -> Section:
     )
     header = ("step", "target", "kind", "state", "forward steps", "requested by", "error")
     return Section("last finished windows", header, rows)
+
+
+def accounted_steps(accounting: LastSteps) -> Section:
+    """The last steps: wall time, its phases as shares of it, requests, p99, tail, anomaly."""
+    rows = tuple(
+        (
+            f"{a.step} profiled" if a.profiled else str(a.step),
+            duration(a.wall_s),
+            *(_share(part, a.wall_s) for part in (a.rollout_s, a.train_s, a.overlap_s, a.idle_s)),
+            str(a.requests),
+            duration(a.p99_s),
+            _tail(a),
+            "" if a.anomaly is None else f"{a.anomaly.factor:.1f}x {a.anomaly.phase}",
+        )
+        for a in accounting.steps
+    )
+    header = (
+        "step",
+        "wall",
+        "rollout",
+        "train",
+        "overlap",
+        "idle",
+        "requests",
+        "p99",
+        "tail",
+        "anomaly",
+    )
+    return Section("last steps", header, rows, empty=accounting.empty)
+
+
+def _share(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.0f}%" if whole > 0 else NONE
+
+
+def _tail(account: StepAccount) -> str:
+    """The tail's time and its share of the rollout: ``0.40s (12%)``."""
+    if account.tail_s is None:
+        return NONE
+    if account.tail_share is None:
+        return duration(account.tail_s)
+    return f"{duration(account.tail_s)} ({100 * account.tail_share:.0f}%)"
 
 
 def planned_steps(view: RunView) -> Section:
@@ -449,9 +584,13 @@ def watch(root: Path, first: RunView, every: float) -> int:
     from rich.live import Live
 
     view: RunView | str = first
+    accountant = Accountant(root)
     try:
         with Live(
-            screen_of(view, every), console=Console(), auto_refresh=False, transient=False
+            screen_of(view, every, accountant()),
+            console=Console(),
+            auto_refresh=False,
+            transient=False,
         ) as live:
             while True:  # until Ctrl-C
                 time.sleep(every)
@@ -459,14 +598,18 @@ def watch(root: Path, first: RunView, every: float) -> int:
                     view = look(root)
                 except NoRun as exc:  # gone, or half-written by hand: say so, keep watching
                     view = str(exc)
-                live.update(screen_of(view, every), refresh=True)
+                accounting = None if isinstance(view, str) else accountant()
+                live.update(screen_of(view, every, accounting), refresh=True)
     except KeyboardInterrupt:
         pass
     return 0
 
 
-def screen_of(view: RunView | str, every: float) -> RenderableType:
-    """What --watch shows: the sections as tables, or why the run cannot be read now."""
+def screen_of(
+    view: RunView | str, every: float, accounting: LastSteps | None = None
+) -> RenderableType:
+    """What --watch shows: the sections as tables (the last steps' ``accounting`` among them,
+    when there is one), or why the run cannot be read now."""
     from rich.console import Group
     from rich.text import Text
 
@@ -474,7 +617,7 @@ def screen_of(view: RunView | str, every: float) -> RenderableType:
     footer = Text(f"{clock}, every {every:g}s; Ctrl-C to stop", style="dim")
     if isinstance(view, str):
         return Group(Text(f"aprof status: {one_line(view)}", style="bold red"), footer)
-    parts = sections(view, time.time_ns())
+    parts = sections(view, time.time_ns(), accounting)
     style = "green" if view.alive else ("yellow" if view.state == "unknown" else "red")
     first, *rest = (_table(section, style) for section in parts)
     return Group(first, Text(""), *rest, footer)

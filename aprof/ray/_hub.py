@@ -17,6 +17,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Final, Literal, NamedTuple
 
+from aprof._accounting import combined
+from aprof._core.accounting import KEEP
 from aprof._core.sharing import Counts, Report, RolloutView
 
 Answer = Literal["active", "started", "failed", "go"]
@@ -94,9 +96,14 @@ class Hub:
             async with self._news:
                 self._news.notify_all()
 
-    async def entered(self, version: int) -> list[str]:
-        """Wait (at most ``connect_s``) until every process that joined has seen
-        ``version``; returns those that did not, which steps no longer wait for."""
+    async def entered(self, view: RolloutView) -> list[str]:
+        """Take ``view`` (a step's first), then wait (at most ``connect_s``) until every
+        process that joined has seen it; returns those that did not, which steps no longer
+        wait for."""
+        # The view comes along as Ray may run this call before the publish sent ahead of
+        # it: a process joining in between would be handed the view before the step.
+        await self.publish(view)
+        version = view.version
 
         def behind() -> list[str]:
             return [
@@ -290,7 +297,7 @@ class Hub:
 
     async def _file(self, name: str, report: Report) -> None:
         """Keep ``report`` for the driver, summed with what is still waiting from ``name``."""
-        if not (report.counts or report.timeline or report.closed):
+        if not (report.counts or report.timeline or report.closed or report.ledger):
             return
         waiting = self._reports.get(name)
         if waiting is None:
@@ -305,5 +312,10 @@ class Hub:
             waiting.counts = [Counts(s, r, *t) for (s, r), t in sums.items()]
             waiting.timeline = report.timeline or waiting.timeline
             waiting.closed = waiting.closed or report.closed
+            if report.ledger:
+                try:
+                    waiting.ledger = combined(waiting.ledger, report.ledger, KEEP)
+                except (TypeError, ValueError, KeyError):  # not a ledger: the driver says so
+                    waiting.ledger = report.ledger
         async with self._mail:
             self._mail.notify_all()

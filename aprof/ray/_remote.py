@@ -336,7 +336,10 @@ class RemoteProfiler(Recording):
 
     def _report(self) -> Report:
         counts, self._counts = self._counts, {}
-        report = Report(counts=[Counts(s, r, *c) for (s, r), c in counts.items()])
+        report = Report(
+            counts=[Counts(s, r, *c) for (s, r), c in counts.items()],
+            ledger=self._timeline.take_ledger(),
+        )
         timeline = [f.model_dump(mode="json") for f in self._timeline.files()]
         if timeline != self._sent_timeline:
             report.timeline = self._sent_timeline = timeline

@@ -9,6 +9,7 @@ from typing import Any
 
 from aprof._core import BlockingProfiler, Profiler
 from aprof._core.serving import Serving
+from aprof._core.sharing import RolloutView
 from aprof._errors import ConfigError, UsageError, describe
 from aprof._logging import logger
 from aprof.ray._hub import MAX_CALLS, Decision, Hub, Mail
@@ -93,7 +94,8 @@ class _DriverLink:
         self.serving = serving
         self.handle = handle
         self.pulling: asyncio.Task[None] | None = None
-        self._version = 0
+        self._view = RolloutView(0, None, False, {})
+        """The last view published."""
         self._gone: str | None = None
         """Why the hub cannot be reached (said once)."""
         self._closed: set[str] = set()
@@ -106,10 +108,10 @@ class _DriverLink:
     def changed(self) -> None:
         if self._gone is not None:
             return
-        self._version += 1
-        view = self.serving.view(self._version)
+        view = self.serving.view(self._view.version + 1)
         if self._closing:  # a later view must not take back the close
             view = view._replace(closing=True)
+        self._view = view
         # Not awaited: the hub takes views in version order whatever order they arrive in.
         try:
             self.handle.hub.publish.remote(view)
@@ -121,7 +123,7 @@ class _DriverLink:
             return
         try:
             async with asyncio.timeout(self.serving.config.timeouts.connect_s + 1.0):
-                late: list[str] = await self.handle.hub.entered.remote(self._version)
+                late: list[str] = await self.handle.hub.entered.remote(self._view)
         except TimeoutError:  # slow (starting, say), not gone: the step goes on
             self._log.warning("aprof hub slow: step began before others knew it", step=step)
             return

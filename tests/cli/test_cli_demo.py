@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 import aprof
+from aprof._report import collect
 from aprof.testing import assert_windows
 from servers.process import free_port
 
@@ -141,7 +142,8 @@ def test_demo_profiles_the_selected_steps(tmp_path: Path) -> None:
 
 
 def test_demo_fully_async(tmp_path: Path) -> None:
-    """In fully-async mode rollouts run across step boundaries and the windows still land."""
+    """In fully-async mode rollouts run across step boundaries and the windows still land;
+    every step is accounted, its training overlapping its rollouts, staleness counted."""
     out = tmp_path / "demo"
     done = run(
         "-m", "aprof", "demo", "--mode", "fully-async", "--num-steps", "2", "--steps", "2",
@@ -156,6 +158,22 @@ def test_demo_fully_async(tmp_path: Path) -> None:
             {"step": 2, "target": "trainer", "state": "done"},
         ],
     )
+    accounts = collect(out).accounts
+    assert [(a.step, a.profiled) for a in accounts] == [(1, False), (2, True)]
+    for a in accounts:
+        assert a.train_s > 0, a  # the update_policy stage of every step
+        # By construction: the trainer takes a full buffer (one trajectory per worker), so
+        # the worker whose rollout completed the batch, or one the take woke, begins its next
+        # request before the event loop sees the policy update's answer (asyncio runs its
+        # callbacks in order): that request is in flight while the stage runs.
+        assert a.overlap_s > 0, a
+        assert a.rollout_s + a.train_s - a.overlap_s + a.idle_s == pytest.approx(a.wall_s, abs=1e-3)
+    # The demo's stream has max_staleness=1. Step 1 takes rollouts begun in step 1; step 2
+    # the oldest finished first, begun in step 1 (a worker begins no rollout before its
+    # step-1 one finished).
+    staleness = [a.staleness for a in accounts]
+    assert staleness[0] is not None and staleness[0]["max"] == 0
+    assert staleness[1] is not None and staleness[1]["max"] == 1
 
 
 @pytest.mark.parametrize("kind", ["vllm", "sglang"])

@@ -1,5 +1,9 @@
 """`aprof status` in a real subprocess (and `--watch` in a real terminal, tmux's): a live run,
-a finished one, one without a status (its manifest instead), nothing, and a killed run."""
+a finished one, one without a status (its manifest instead), nothing, and a killed run; and
+its last steps: the accounting of a real run's last steps, in text and in ``--json``, live and
+ended, and what status does when the accounting cannot be had (a damaged timeline, a damaged
+manifest, no manifest, no timeline, any failure); ``--watch`` reads it again at most every
+``ACCOUNTING_EVERY_S`` seconds."""
 
 from __future__ import annotations
 
@@ -20,7 +24,9 @@ from typing import Any
 import pytest
 
 import aprof
+import aprof._report
 import aprof.cli
+from aprof.cli import status as status_cli
 from aprof.testing import RecordingTarget
 
 REPO = Path(__file__).resolve().parents[2]
@@ -371,3 +377,210 @@ async def test_watch_shows_names_and_errors_as_written_not_as_markup(
     console = Console(width=120, record=True, file=io.StringIO())
     console.print(screen_of(view, 0.5))
     assert odd in console.export_text()
+
+
+# -- the last steps' accounting --------------------------------------------------------------
+
+REQUESTS = 3
+"""Requests per step (one more inside the trainer stage)."""
+
+
+def section(text: str) -> list[str]:
+    """The rows of the ``last steps`` table of ``text`` (its header first)."""
+    match = re.search(r"^last steps \((\d+)\):\n((?:  .*\n)+)", text, re.MULTILINE)
+    assert match is not None, text
+    rows = [line.strip() for line in match.group(2).splitlines()]
+    assert len(rows) == int(match.group(1)) + 1
+    return rows
+
+
+def accounted_config(make_config: MakeConfig, **sections: Any) -> aprof.ProfilerConfig:
+    return make_config(
+        global_profiler={"steps": [2]},
+        rollout={"replicas": [0], "start": "on_step", "forward_steps": None},
+        **sections,
+    )
+
+
+async def one_step(prof: aprof.Profiler, n: int) -> None:
+    """Step ``n``: requests to replica 0, then a trainer stage with one more request in it
+    (rollout, train and their overlap each take some time)."""
+    async with prof.step(n):
+        for _ in range(REQUESTS):
+            async with prof.request(replica=0):
+                await asyncio.sleep(0.001)  # a request that lasts, not a wait for anything
+        with prof.stage("update"):
+            async with prof.request(replica=0):
+                await asyncio.sleep(0.001)
+
+
+async def a_run(make_config: MakeConfig, steps: int, **sections: Any) -> Path:
+    """A closed run of ``steps`` steps, step 2 profiled (replica 0)."""
+    async with aprof.Profiler(accounted_config(make_config, **sections)) as prof:
+        prof.add_target(RecordingTarget("replica_0", replica=0))
+        for n in range(1, steps + 1):
+            await one_step(prof, n)
+    return prof.save_path
+
+
+def check_steps(last: list[dict[str, Any]], steps: list[int]) -> None:
+    """``last`` are the accounts of ``steps``, each whole: its phases add up to its wall."""
+    assert [s["step"] for s in last] == steps
+    for account in last:
+        phases = account["phases"]
+        total = phases["rollout_s"] + phases["train_s"] - phases["overlap_s"] + phases["idle_s"]
+        assert total == pytest.approx(account["wall_s"], abs=1e-3), account
+        assert phases["rollout_s"] > 0 and phases["train_s"] > 0 and phases["overlap_s"] > 0
+        assert account["requests"]["count"] == REQUESTS + 1
+        assert account["profiled"] is (account["step"] == 2)
+
+
+# -- a run's last steps ------------------------------------------------------------------------
+
+
+async def test_an_ended_run_shows_its_last_five_steps(make_config: MakeConfig) -> None:
+    save_path = await a_run(make_config, 7)
+    data = await asyncio.to_thread(as_json, save_path)
+    assert data["accounting_error"] is None
+    check_steps(data["last_steps"], [3, 4, 5, 6, 7])
+
+    text = await asyncio.to_thread(shown, save_path)
+    header, *rows = section(text)
+    assert header.split() == [
+        "step",
+        "wall",
+        "rollout",
+        "train",
+        "overlap",
+        "idle",
+        "requests",
+        "p99",
+        "tail",
+        "anomaly",
+    ]
+    assert [row.split()[0] for row in rows] == ["3", "4", "5", "6", "7"]
+    for row in rows:
+        cells = r"\d+\s+\S+s(\s+\d+%){4}\s+4\s+\S+s\s+\S+s \(\d+%\)"
+        assert re.fullmatch(cells + r"(\s+\d+\.\dx (rollout|train|idle))?", row), row
+
+
+async def test_a_short_run_shows_all_its_steps_the_profiled_one_marked(
+    make_config: MakeConfig,
+) -> None:
+    save_path = await a_run(make_config, 3)
+    check_steps((await asyncio.to_thread(as_json, save_path))["last_steps"], [1, 2, 3])
+    _, first, second, third = section(await asyncio.to_thread(shown, save_path))
+    assert (first.split()[0], second.split()[:2], third.split()[0]) == ("1", ["2", "profiled"], "3")
+
+
+async def test_a_live_run_shows_the_steps_written_so_far(make_config: MakeConfig) -> None:
+    async with aprof.Profiler(accounted_config(make_config)) as prof:
+        prof.add_target(RecordingTarget("replica_0", replica=0))
+        for n in (1, 2):
+            await one_step(prof, n)
+        async with prof.step(3):
+            await prof.flush()
+            data = await asyncio.to_thread(as_json, prof.save_path)
+            assert data["alive"] is True and data["step"] == 3
+            check_steps(data["last_steps"], [1, 2])  # step 3 has not ended
+            _, *rows = section(await asyncio.to_thread(shown, prof.save_path))
+            assert [row.split()[0] for row in rows] == ["1", "2"]
+
+
+# -- when there is no accounting ---------------------------------------------------------------
+
+
+async def test_a_damaged_timeline_costs_its_steps_not_status(make_config: MakeConfig) -> None:
+    save_path = await a_run(make_config, 3)
+    [timeline] = aprof.load_manifest(save_path).timeline  # the driver's, the run's only one
+    (save_path / timeline.path).write_bytes(b"\x00not a trace{" * 100)
+    # The accounting skips an unreadable timeline: nothing is left of the run's steps.
+    data = await asyncio.to_thread(as_json, save_path)
+    assert (data["last_steps"], data["accounting_error"]) == ([], None)
+    assert data["source"] == "status" and data["state"] == "ended"
+    text = await asyncio.to_thread(shown, save_path)
+    assert re.search(
+        r"^last steps: none accounted: its 1 timeline file\(s\) hold no ended step, "
+        r"or cannot be read$",
+        text,
+        re.MULTILINE,
+    ), text
+    assert re.search(r"^state:\s+ended$", text, re.MULTILINE)
+
+
+async def test_a_damaged_manifest_makes_the_accounting_unavailable(
+    make_config: MakeConfig,
+) -> None:
+    save_path = await a_run(make_config, 3)
+    (save_path / "manifest.json").write_text("{not json")
+    data = await asyncio.to_thread(as_json, save_path)  # the status still reads
+    assert data["source"] == "status" and data["last_steps"] is None
+    assert isinstance(data["accounting_error"], str) and "\n" not in data["accounting_error"]
+    text = await asyncio.to_thread(shown, save_path)
+    [line] = re.findall(r"^last steps: accounting unavailable: .+$", text, re.MULTILINE)
+    assert line.endswith(data["accounting_error"])
+
+
+async def test_without_a_manifest_there_is_no_section(make_config: MakeConfig) -> None:
+    save_path = await a_run(make_config, 3)
+    (save_path / "manifest.json").unlink()
+    data = await asyncio.to_thread(as_json, save_path)
+    assert data["source"] == "status"
+    assert (data["last_steps"], data["accounting_error"]) == (None, None)
+    assert "last steps" not in await asyncio.to_thread(shown, save_path)
+
+
+async def test_a_run_without_a_timeline_says_so(make_config: MakeConfig) -> None:
+    save_path = await a_run(make_config, 2, timeline={"enable": False})
+    data = await asyncio.to_thread(as_json, save_path)
+    assert (data["last_steps"], data["accounting_error"]) == ([], None)
+    text = await asyncio.to_thread(shown, save_path)
+    assert re.search(r"^last steps: no timeline \(", text, re.MULTILINE), text
+
+
+async def test_any_failure_of_the_accounting_is_one_line(
+    make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    save_path = await a_run(make_config, 2)
+
+    def broken(save_path: Path) -> tuple[object, ...]:
+        raise RuntimeError("the ledger broke\nsecond line")
+
+    monkeypatch.setattr(aprof._report, "accounts", broken)
+    capsys.readouterr()
+    assert aprof.cli.main(["status", str(save_path)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^last steps: accounting unavailable: the ledger broke$", out, re.MULTILINE)
+    assert re.search(r"^state:\s+ended$", out, re.MULTILINE)
+    assert aprof.cli.main(["status", str(save_path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["last_steps"], data["accounting_error"]) == (None, "the ledger broke")
+
+
+# -- --watch reads it at most every ACCOUNTING_EVERY_S -----------------------------------------
+
+
+def test_watch_reads_the_accounting_at_most_every_accounting_every_s(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads: list[Path] = []
+
+    def counted(save_path: Path) -> tuple[object, ...]:
+        reads.append(save_path)
+        raise RuntimeError(f"read {len(reads)}")
+
+    monkeypatch.setattr(aprof._report, "accounts", counted)
+    (tmp_path / "manifest.json").write_text("{}")
+    now = [100.0]
+    accountant = status_cli.Accountant(tmp_path, clock=lambda: now[0])
+    every = status_cli.ACCOUNTING_EVERY_S
+    assert every == 10.0
+    first = accountant()
+    assert first is not None and first.error == "read 1"
+    for later in (0.0, 1.0, every - 0.01):
+        now[0] = 100.0 + later
+        assert accountant() is first  # kept between reads
+    now[0] = 100.0 + every
+    second = accountant()
+    assert second is not None and second.error == "read 2"
+    assert reads == [tmp_path, tmp_path]

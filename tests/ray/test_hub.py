@@ -77,8 +77,7 @@ async def test_an_older_view_never_replaces_a_newer_one() -> None:
 async def test_a_step_waits_for_every_process_that_joined_until_it_lags() -> None:
     hub = _hub()
     name, view = hub.register("agent_loop_worker", None)
-    await hub.publish(_view(view.version + 1, 1))
-    entering = asyncio.create_task(hub.entered(view.version + 1))
+    entering = asyncio.create_task(hub.entered(_view(view.version + 1, 1)))
     news = await hub.watch(name, view.version, None)  # returns at once: there is news
     assert news.step == 1
     # Its next watch says it has applied the news: the step goes on.
@@ -86,15 +85,25 @@ async def test_a_step_waits_for_every_process_that_joined_until_it_lags() -> Non
     assert await entering == []
     confirming.cancel()
     late = hub.register("agent_loop_worker", None)[0]  # this one never watches
-    await hub.publish(_view(view.version + 2, 2))
-    assert await hub.entered(view.version + 2) == [name, late]
+    assert await hub.entered(_view(view.version + 2, 2)) == [name, late]
     assert hub.processes() == {name: "lagging", late: "lagging"}
-    await hub.publish(_view(view.version + 3, 3))
-    assert await hub.entered(view.version + 3) == []  # laggards are not waited for again
+    assert await hub.entered(_view(view.version + 3, 3)) == []  # not waited for again
     caught_up = asyncio.create_task(hub.watch(name, view.version + 3, None))
     await asyncio.sleep(0)  # one pass of the loop: the watch has said what it has seen
     assert hub.processes()[name] == "watching"  # waited for again
     caught_up.cancel()
+
+
+async def test_a_process_joining_once_a_step_is_entered_is_given_that_step() -> None:
+    # Ray may run a step's entered() before the publish the driver sent ahead of it (the
+    # hub is an async actor): entered() brings the view itself, so no process can join
+    # between the two and be handed the view before the step.
+    hub = _hub()
+    assert await hub.entered(_view(2, 1)) == []  # nobody to wait for
+    await hub.publish(_view(1, None))  # the earlier publish, arriving late
+    name, view = hub.register("agent_loop_worker", None)
+    assert (view.version, view.step) == (2, 1)
+    assert hub.processes() == {name: "registered"}
 
 
 async def test_reports_sum_up_until_the_driver_pulls() -> None:
@@ -120,9 +129,9 @@ async def test_the_close_waits_for_each_process_that_watches_until_it_closed() -
     await hub.publish(_view(1, 1))
     for name in names:
         assert (await hub.watch(name, 0, None)).version == 1  # news: returns at once
-    await hub.publish(_view(2, None))
     confirming = [asyncio.create_task(hub.watch(n, 2, None)) for n in (first, second)]
-    assert await hub.entered(2) == [lagging]  # it missed a step: the close does not wait for it
+    # It missed a step: the close does not wait for it.
+    assert await hub.entered(_view(2, 2)) == [lagging]
     never = hub.register("agent_loop_worker", None)[0]  # never watches: cannot hear of the close
     await hub.publish(RolloutView(3, None, False, {}, closing=True))
     # The close reaches the processes at once: their watches return with it.

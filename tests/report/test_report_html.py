@@ -19,13 +19,26 @@ from pathlib import Path
 
 import pytest
 
+from aprof._accounting import Anomaly, ReplicaAccount, Slow, StepAccount
 from aprof._report import RunReport, StepReport, collect
 from aprof._report.html import (
     FILE_NAME,
     MAX_LANES,
+    MAX_STEPS_DRAWN,
+    PHASES_ID,
     PLOTS,
+    PROFILED_LINKS_ID,
+    REPLICAS_ID,
+    RUN_PLOT_IDS,
+    RUN_TITLE,
+    SLOWEST_STEPS,
+    TAIL_ID,
+    drawn_steps,
     lanes,
+    phase_time,
     render,
+    replica_busy,
+    slowest_steps,
     step_on_one_clock,
     step_plot_id,
     write,
@@ -45,16 +58,27 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 PLOT_IDS = [plot.id for plot in PLOTS]
+RUN_IDS = list(RUN_PLOT_IDS)
+"""The plots of the run across all its steps (of ``realistic()`` and of the demo)."""
 STEP_IDS = [step_plot_id(1), step_plot_id(2)]
 """The pictures on one clock of the two steps of ``realistic()`` and of the demo."""
 LOCAL_SCHEMES = ("file:", "data:", "about:", "blob:")
 """What the page may load: nothing but itself and what it makes."""
+TRACES = ".trace, .hm"
+"""What plotly draws a trace as: an SVG group of class ``trace``, a heat map's ``hm``."""
+LINKS = """() => [...document.querySelectorAll('#run-profiled a')].map(a => {
+    const id = a.getAttribute('href').slice(1);
+    return [a.textContent, id, document.getElementById(id) !== null];
+})"""
+"""Each link to a profiled step's section: its text, the id it points at, whether the page
+holds that id."""
 ALL_DRAWN = """() => {
     const plots = [...document.querySelectorAll('.js-plotly-plot')];
     return plots.length > 0 && plots.every(p => p.querySelector('.main-svg') && p._fullLayout);
 }"""
 """True once plotly has drawn every plot of the page."""
 T0 = 1_796_179_928_000_000_000
+NS = 1e-9
 HOSTILE = '</script><script>alert("x")</script><img src=x onerror=alert(1)>'
 
 
@@ -95,6 +119,63 @@ def window(step: int, target: str, start_s: float, stop_s: float, **more: object
 
 def at(seconds: float) -> int:
     return T0 + int(seconds * 1e9)
+
+
+def account(
+    step: int,
+    wall: float,
+    *,
+    rollout: float,
+    train: float,
+    overlap: float = 0.0,
+    profiled: bool = False,
+    anomaly: Anomaly | None = None,
+    busy: tuple[float, ...] = (1.0, 1.0),
+    slowest: str | None = "sample0-t2",
+) -> StepAccount:
+    """A step's account as the ledger makes it: its phases add up to its wall time (idle is
+    what is left), ``busy`` per replica; steps 16 s apart as in ``realistic()``."""
+    begin = at(16.0 * (step - 1) + 0.4)
+    end = begin + round(wall * 1e9)
+    wall_s = (end - begin) * NS
+    return StepAccount(
+        step=step,
+        begin_ns=begin,
+        end_ns=end,
+        profiled=profiled,
+        rollout_s=rollout,
+        train_s=train,
+        overlap_s=overlap,
+        idle_s=wall_s - rollout - train + overlap,
+        requests=48,
+        p50_s=rollout / 4,
+        p90_s=rollout / 3,
+        p99_s=rollout / 2,
+        max_s=rollout / 1.8,
+        tail_s=rollout / 10,
+        tail_share=0.1,
+        estimated=False,
+        slowest=(Slow(slowest, 1, rollout / 1.8, "driver-1"),),
+        replicas=tuple(
+            ReplicaAccount(r, b, 24, 384, 384 / b if b else None, 0.0) for r, b in enumerate(busy)
+        ),
+        imbalance=None,
+        staleness=None,
+        anomaly=anomaly,
+    )
+
+
+def accounts() -> tuple[StepAccount, ...]:
+    """Six steps: 1 and 2 profiled (as ``realistic()``'s), 5 anomalous (its rollout grew), the
+    trainer overlapping the rollout in 3 and 4."""
+    return (
+        account(1, 14.6, rollout=13.0, train=0.8, profiled=True, busy=(12.1, 12.9)),
+        account(2, 14.6, rollout=12.5, train=0.9, profiled=True, busy=(8.0, 12.4)),
+        account(3, 4.0, rollout=3.1, train=1.0, overlap=0.4, busy=(3.0, 2.9)),
+        account(4, 4.2, rollout=3.3, train=1.1, overlap=0.5, busy=(3.2, 3.1)),
+        account(5, 10.5, rollout=9.6, train=0.8, anomaly=Anomaly(2.5, "rollout"), busy=(9.5, 2.0)),
+        account(6, 4.1, rollout=3.2, train=0.8, busy=(3.1, 3.0)),
+    )
 
 
 def one_clock(
@@ -169,6 +250,7 @@ def realistic() -> RunReport:
         latency_profiled=dist(latencies(96, 0.16)),
         latency_unprofiled=dist(latencies(48, 0.11)),
         notes=("step 1: cuda not recorded: torch.cuda.is_available() is False",),
+        accounts=accounts(),
     )
 
 
@@ -183,17 +265,18 @@ def test_an_empty_run_says_for_each_plot_that_there_is_nothing_to_show() -> None
     page = render(empty())
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
     assert "<title>aprof report: empty-run</title>" in page
-    assert page.count("nothing to show:") == len(PLOTS)
+    assert page.count("nothing to show:") == len(PLOTS) + 1  # and the run across its steps
     assert "Plotly.newPlot" not in page and len(page) < 20_000  # no plotly.js without a plot
     assert "No problems" in page
 
 
 def test_every_plot_is_drawn_and_plotly_js_is_inline_once() -> None:
     page = render(realistic())
-    for plot_id in PLOT_IDS + STEP_IDS:
+    for plot_id in RUN_IDS + PLOT_IDS + STEP_IDS:
         assert f'id="{plot_id}"' in page
     assert "nothing to show" not in page
-    assert page.count("Plotly.newPlot(") == len(PLOTS) + len(STEP_IDS)
+    assert page.count("Plotly.newPlot(") == len(RUN_IDS) + len(PLOTS) + len(STEP_IDS)
+    assert page.index(RUN_TITLE) < page.index(f'id="{TAIL_ID}"') < page.index(f'id="{PLOT_IDS[0]}"')
     assert page.index('id="plot-stages"') < page.index("Step 1 on one clock")
     assert page.index("Step 1 on one clock") < page.index("Step 2 on one clock")
     assert page.count("window.PlotlyConfig") == 1  # plotly.js once, in the page
@@ -230,10 +313,16 @@ def test_strings_from_files_are_escaped() -> None:
     )
     report = replace(realistic(), run_id=HOSTILE, steps=(step,), notes=(HOSTILE,))
     report = replace(report, save_path=Path("/tmp") / HOSTILE.replace("/", "_"))
+    hostile_anomaly = Anomaly(3.0, HOSTILE)
+    hostile_step = account(
+        7, 40.0, rollout=39.0, train=0.5, anomaly=hostile_anomaly, slowest=HOSTILE
+    )
+    report = replace(report, accounts=(*report.accounts, hostile_step))
     page = render(report)
     assert "<img" not in page and "<script>alert" not in page
     # plotly.js (its config, its source) and one per plot: no more
-    assert page.count("<script") == page.count("</script>") == 2 + len(PLOTS) + 1
+    plots = len(PLOTS) + len(RUN_IDS) + 1
+    assert page.count("<script") == page.count("</script>") == 2 + plots
     assert "&lt;/script&gt;&lt;script&gt;alert(&quot;x&quot;)" in page  # shown, as text
 
 
@@ -248,7 +337,7 @@ def test_partial_data_is_drawn_as_far_as_it_goes() -> None:
     page = render(RunReport("partial", Path("/x"), (step,), counted, Distribution()))
     assert "2 window(s) without a start or stop time not drawn" in page
     assert 'id="plot-windows"' in page and 'id="plot-forward-steps"' in page
-    assert page.count("nothing to show:") == len(PLOTS) - 2 + 1  # the step on one clock
+    assert page.count("nothing to show:") == len(PLOTS) - 2 + 1 + 1  # step on one clock, run
     assert "nothing to show: no window, request or forward step of this step" in page
 
 
@@ -333,6 +422,132 @@ def test_import_aprof_does_not_import_plotly() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
 
 
+# --- the run across all its steps --------------------------------------------------------------
+
+
+def stacked(figure: object) -> dict[str, list[float]]:
+    """The phase time figure's stacked bars: per phase, its seconds per step drawn."""
+    return {t.name: list(t.y) for t in figure.data if t.type == "bar" and t.showlegend is False}  # type: ignore[attr-defined]
+
+
+def test_the_stacked_phases_add_up_to_each_steps_wall_time_and_anomalies_are_marked() -> None:
+    steps = accounts()
+    figure = phase_time(steps)
+    bars = stacked(figure)
+    assert list(bars) == ["rollout only", "overlap", "train only", "idle"]
+    for k, step in enumerate(steps):
+        parts = [bars[name][k] for name in bars]
+        assert sum(parts) == pytest.approx(step.wall_s, rel=1e-12, abs=1e-12)
+        assert all(part >= -1e-12 for part in parts)
+    assert bars["overlap"][2] == 0.4 and bars["rollout only"][2] == pytest.approx(3.1 - 0.4)
+    marks = [t for t in figure.data if t.type == "scatter"]
+    assert len(marks) == 1
+    assert list(marks[0].x) == [5] and list(marks[0].y) == [steps[4].wall_s]
+    assert list(marks[0].text) == ["\u00d72.5 rollout"]
+    for trace in figure.data:
+        if trace.type == "bar" and trace.showlegend is False:  # hatched: the profiled steps
+            assert list(trace.marker.pattern.shape) == ["/", "/", "", "", "", ""]
+    legend = [t.name for t in figure.data if t.showlegend is not False]
+    assert "profiled step" in legend and legend[:4] == list(bars)
+    page = render(realistic())
+    assert "\u00d72.5 rollout" in page and "anomalous: \u00d72.5 rollout" in page
+
+
+def test_profiled_steps_link_to_their_pictures_on_one_clock() -> None:
+    page = render(realistic())
+    links = re.search(rf'<p class="links" id="{PROFILED_LINKS_ID}">(.*?)</p>', page)
+    assert links is not None
+    targets = re.findall(r'<a href="#([^"]+)">step (\d+)</a>', links.group(1))
+    assert targets == [(f"{step_plot_id(n)}-section", str(n)) for n in (1, 2)]
+    for target, _ in targets:
+        assert page.count(f'id="{target}"') == 1
+    # A profiled step the page has no section of is named, not linked.
+    page = render(replace(realistic(), steps=realistic().steps[:1]))
+    links = re.search(rf'id="{PROFILED_LINKS_ID}">(.*?)</p>', page)
+    assert links is not None and links.group(1).endswith(", step 2")
+
+
+def test_the_busy_time_heat_map_has_a_row_per_replica_and_a_column_per_step() -> None:
+    steps = (*accounts(), account(7, 5.0, rollout=4.0, train=0.5, busy=(3.0, 3.5, 1.0)))
+    figure = replica_busy(steps)
+    assert not isinstance(figure, str)
+    (heat,) = figure.data
+    assert list(heat.x) == [1, 2, 3, 4, 5, 6, 7]
+    assert list(heat.y) == ["replica_0", "replica_1", "replica_2"]
+    assert [row[4] for row in heat.z] == [9.5, 2.0, None]  # step 5: replica_1 waited
+    assert heat.z[2][6] == 1.0 and heat.text[0][4] == "requests: 24<br>tokens/s: 40.4"
+    assert "busy: %{z:.3f} s" in heat.hovertemplate
+    no_requests = [account(1, 2.0, rollout=0.0, train=1.0, busy=())]
+    assert replica_busy(no_requests) == "no replica had a request in flight in any step"
+
+
+def test_the_tail_table_lists_the_slowest_steps_longest_first() -> None:
+    many = [account(n, 1.0 + (n * 7919 % 97) / 10, rollout=0.5, train=0.2) for n in range(1, 60)]
+    slowest = slowest_steps(many)
+    assert len(slowest) == SLOWEST_STEPS
+    assert [a.wall_s for a in slowest] == sorted((a.wall_s for a in many), reverse=True)[:10]
+    page = render(realistic())
+    table = page[page.index(f'id="{TAIL_ID}"') : page.index("</table>")]
+    rows = re.findall(r"<tr><td>(.*?)</td>", table)
+    assert rows == [  # the slowest first, the profiled ones linked to their sections
+        f'<a href="#{step_plot_id(1)}-section">step 1</a>',
+        f'<a href="#{step_plot_id(2)}-section">step 2</a>',
+        "step 5",
+        "step 4",
+        "step 6",
+        "step 3",
+    ]
+    assert "sample0-t2 \u00b7 replica_1 \u00b7 7.22 s" in table and "10.0%" in table
+
+
+def test_a_run_without_accounts_says_so_in_one_line() -> None:
+    page = render(replace(realistic(), accounts=()))
+    section = page[page.index('<section id="run-section">') :]
+    section = section[: section.index("</section>") + len("</section>")]
+    assert section == (
+        f'<section id="run-section"><h2>{RUN_TITLE}</h2><p class="empty">nothing to show: no '
+        "step span on the driver&#x27;s timeline (a run without timeline)</p></section>"
+    )
+    assert all(f'id="{plot_id}"' not in page for plot_id in RUN_IDS)
+    assert page.index(RUN_TITLE) < page.index(f'id="{PLOT_IDS[0]}"')
+
+
+def test_a_long_run_draws_an_even_sample_with_every_anomalous_and_profiled_step() -> None:
+    total = 5 * MAX_STEPS_DRAWN + 1
+    anomaly = Anomaly(2.2, "idle")
+    marked = {7, 8, 9, 10, 4321, 9999}
+    steps = [
+        account(
+            n,
+            1.0 + n / total,
+            rollout=0.5,
+            train=0.2,
+            profiled=n in (7, 8, 4321),
+            anomaly=anomaly if n in (9, 10, 9999) else None,
+        )
+        for n in range(1, total + 1)
+    ]
+    drawn = drawn_steps(steps)
+    numbers = [a.step for a in drawn]
+    assert len(drawn) == MAX_STEPS_DRAWN and numbers == sorted(set(numbers))
+    assert marked <= set(numbers)
+    rest = [n for n in numbers if n not in marked]
+    assert rest[0] == 1 and rest[-1] == total  # spread over the whole run
+    gaps = {b - a for a, b in pairwise(rest)}
+    assert max(gaps) - min(gaps) <= 2 * len(marked) + 1  # evenly, but for the marked
+    assert drawn_steps(steps[:MAX_STEPS_DRAWN]) == steps[:MAX_STEPS_DRAWN]  # all when they fit
+    only_marked = [replace(a, profiled=True) for a in steps[: 3 * MAX_STEPS_DRAWN]]
+    assert len(drawn_steps(only_marked)) == MAX_STEPS_DRAWN
+    page = render(replace(realistic(), accounts=tuple(steps)))
+    line = (
+        f"{MAX_STEPS_DRAWN} of {total} steps drawn: every anomalous and profiled step and an "
+        "even sample of the rest."
+    )
+    assert page.count(line) == 2  # under both per-step plots
+    figure = phase_time(drawn)
+    assert all(len(t.x) == MAX_STEPS_DRAWN for t in figure.data if t.showlegend is False)
+
+
 # --- the page, in a real browser ----------------------------------------------------------------
 
 
@@ -345,7 +560,12 @@ class Loaded:
     shots: dict[str, bytes] = field(default_factory=dict)
     """Each plot's PNG screenshot, by the id of its div."""
     traces: dict[str, int] = field(default_factory=dict)
-    """Each plot's drawn traces (the SVG groups plotly gives the class ``trace``)."""
+    """Each plot's drawn traces (the SVG groups plotly gives the class ``trace``, or ``hm`` for
+    a heat map's image)."""
+    links: list[tuple[str, str, bool]] = field(default_factory=list)
+    """The links to the profiled steps' sections: text, target id, whether it is there."""
+    followed: list[str] = field(default_factory=list)
+    """The page's location hash after clicking each of them."""
 
 
 @pytest.fixture
@@ -384,8 +604,12 @@ def load(context: object, path: Path, *, full_page: Path | None = None) -> Loade
     page.wait_for_function(ALL_DRAWN, timeout=30_000)
     for element in page.query_selector_all(".js-plotly-plot"):
         plot_id = element.get_attribute("id")
-        seen.traces[plot_id] = len(element.query_selector_all(".trace"))
+        seen.traces[plot_id] = len(element.query_selector_all(TRACES))
         seen.shots[plot_id] = element.screenshot(animations="disabled")
+    seen.links = [tuple(link) for link in page.evaluate(LINKS)]
+    for link in page.query_selector_all(f"#{PROFILED_LINKS_ID} a"):
+        link.click()
+        seen.followed.append(page.evaluate("location.hash"))
     if full_page is not None:
         page.screenshot(path=str(full_page), full_page=True, animations="disabled")
     page.close()
@@ -415,14 +639,45 @@ def check(seen: Loaded, expected: list[str]) -> None:
         assert colours > 100 and share > 0.001, (plot_id, colours, share)
 
 
+def hover(page: object, plot_id: str, where: object, *parts: str) -> None:
+    """Hover ``where`` (points, or axis values) of a plot and wait until plotly shows a label
+    holding each of ``parts`` (plotly may hold a hover back a moment: no sleep, a condition)."""
+    page.evaluate(  # type: ignore[attr-defined]
+        "([id, where]) => Plotly.Fx.hover(document.getElementById(id), where)", [plot_id, where]
+    )
+    page.wait_for_function(  # type: ignore[attr-defined]
+        """([id, parts]) => [...document.getElementById(id).querySelectorAll('.hovertext')]
+            .some(e => parts.every(part => e.textContent.includes(part)))""",
+        arg=[plot_id, list(parts)],
+        timeout=10_000,
+    )
+
+
+def check_links(seen: Loaded) -> None:
+    """The profiled steps 1 and 2 are linked to their sections, which are on the page, and
+    clicking a link goes there."""
+    targets = {n: f"{step_plot_id(n)}-section" for n in (1, 2)}
+    assert seen.links == [(f"step {n}", target, True) for n, target in targets.items()]
+    assert seen.followed == [f"#{target}" for target in targets.values()]
+
+
 def test_the_page_loads_offline_and_every_plot_renders(browser: object, tmp_path: Path) -> None:
     path = write(realistic(), tmp_path / "run")
-    check(load(browser, path), PLOT_IDS + STEP_IDS)
+    seen = load(browser, path)
+    check(seen, RUN_IDS + PLOT_IDS + STEP_IDS)
+    check_links(seen)
     # The check sees the traces, not the frame: with them hidden each plot reads as blank.
     page = browser.new_page()  # type: ignore[attr-defined]
     page.goto(path.as_uri(), wait_until="load")
     page.wait_for_function(ALL_DRAWN, timeout=30_000)
-    page.add_style_tag(content=".trace, .legend { visibility: hidden !important; }")
+    # Hover text is that of the point hovered (the heat map's rows in their own order).
+    hover(page, REPLICAS_ID, {"xval": 5, "yval": 1}, "step 5 \u00b7 replica_1", "busy: 2.000 s")
+    hover(page, REPLICAS_ID, {"xval": 5, "yval": 1}, "requests: 24", "tokens/s: 192.0")
+    hover(page, REPLICAS_ID, {"xval": 5, "yval": 0}, "replica_0", "busy: 9.500 s", "40.4")
+    point = [{"curveNumber": 0, "pointNumber": 0}]
+    hover(page, PHASES_ID, point, "step 1 \u00b7 profiled", "rollout only: 13.000 s", "14.600 s")
+    hidden = f"{TRACES}, .legend, .colorbar, .hoverlayer"
+    page.add_style_tag(content=f"{hidden} {{ visibility: hidden !important; }}")
     for element in page.query_selector_all(".js-plotly-plot"):
         assert drawn(element.screenshot())[1] == 0
     page.close()
@@ -435,11 +690,26 @@ def test_an_empty_run_loads_without_errors(browser: object, tmp_path: Path) -> N
     page.on("console", lambda m: seen.errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda exc: seen.errors.append(str(exc)))
     page.goto(path.as_uri(), wait_until="load")
-    assert page.locator(".empty").count() == len(PLOTS) and seen.errors == []
+    assert page.locator(".empty").count() == len(PLOTS) + 1 and seen.errors == []
     page.close()
 
 
 def test_a_demo_runs_report_renders(browser: object, demo_run: Path) -> None:
     report = collect(demo_run)
     assert [s.step for s in report.steps] == [1, 2] and all(s.timeline for s in report.steps)
-    check(load(browser, demo_run / "report.html"), PLOT_IDS + STEP_IDS)  # the demo's own page
+    seen = load(browser, demo_run / "report.html")  # the demo's own page
+    check(seen, RUN_IDS + PLOT_IDS + STEP_IDS)
+    check_links(seen)
+
+
+def test_a_demo_runs_steps_are_all_accounted_for_on_the_page(demo_run: Path) -> None:
+    report = collect(demo_run)
+    assert [(a.step, a.profiled) for a in report.accounts] == [(1, True), (2, True), (3, False)]
+    page = (demo_run / "report.html").read_text()
+    bars = stacked(phase_time(report.accounts))
+    for k, step in enumerate(report.accounts):
+        assert sum(bars[name][k] for name in bars) == pytest.approx(step.wall_s, rel=1e-9)
+    for plot_id in (PHASES_ID, REPLICAS_ID):
+        assert page.count(f'id="{plot_id}"') == 1
+    for replica in ("replica_0", "replica_1"):
+        assert f'"{replica}"' in page[page.index(f'id="{REPLICAS_ID}"') :]

@@ -1,17 +1,23 @@
 """``aprof.verl.ProfiledTrainerMixin``: every global step of verl's ``fit()`` an aprof step.
 
 verl is not installed here: ``VerlTrainer`` stands in for verl 0.9.1's ``RayPPOTrainer`` with
-its two per-step hooks, their signatures, and the order ``fit()`` calls them in (the real class
-is checked against it in ``e2e/verl/test_verl_trainer.py``)."""
+its two per-step hooks, the worker-group calls the mixin runs as stages, their signatures, and
+the order ``fit()`` calls them in, and how ``fit()`` turns ``_update_actor``'s
+``meta_info["metrics"]`` into the metrics it logs (the real class is checked against it in
+``e2e/verl/test_verl_trainer.py``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
 import aprof
+from aprof._report import collect
 from aprof.testing import RecordingTarget, assert_windows
+from aprof.verl._trainer import METRICS
 
 MakeConfig = Callable[..., aprof.ProfilerConfig]
 
@@ -24,6 +30,8 @@ class VerlTrainer:
         self.calls: list[tuple[str, int, bool]] = []
         self.seen: list[int | None] = []
         """aprof's current step while each step's body ran."""
+        self.logged: list[dict[str, float]] = []
+        """The metrics each step logged."""
 
     def _start_profiling(self, do_profile: bool) -> None:
         self.calls.append(("verl start", self.global_steps, do_profile))
@@ -31,8 +39,22 @@ class VerlTrainer:
     def _stop_profiling(self, do_profile: bool, run_command: bool = False) -> None:
         self.calls.append(("verl stop", self.global_steps, do_profile))
 
-    def fit(self, steps: int, *, fail_at: int | None = None) -> None:
-        """As verl's: start hook, the step's work, stop hook, then the next global step."""
+    def _compute_old_log_prob(self, batch: Any) -> Any:
+        return batch
+
+    def _update_actor(self, batch: Any) -> Any:
+        return Output(meta_info={"metrics": {"actor/loss": [0.5, 1.5]}})
+
+    def fit(
+        self,
+        steps: int,
+        *,
+        fail_at: int | None = None,
+        after_step: Callable[[], None] = lambda: None,
+    ) -> None:
+        """As verl's: start hook, the step's work (old log-probs, the actor's update), stop
+        hook, the step's metrics logged, then the next global step. ``after_step``: the
+        test's, after each step."""
         self.global_steps = 1
         for _ in range(steps):
             self._start_profiling(False)  # verl's own profiler is off (plan.overrides)
@@ -40,8 +62,22 @@ class VerlTrainer:
             self.seen.append(None if prof is None else prof.current_step)
             if self.global_steps == fail_at:
                 raise RuntimeError("a step failed")
+            batch = self._compute_old_log_prob(object())
+            actor_output = self._update_actor(batch)
             self._stop_profiling(False, run_command=False)
+            # verl's reduce_metrics: the mean of each list (max/min for such names).
+            self.logged.append(
+                {k: sum(v) / len(v) for k, v in actor_output.meta_info["metrics"].items()}
+            )
             self.global_steps += 1
+            after_step()
+
+
+@dataclass
+class Output:
+    """verl's ``DataProto`` as far as ``fit()`` reads ``_update_actor``'s output."""
+
+    meta_info: dict[str, Any] = field(default_factory=dict)
 
 
 class Trainer(aprof.verl.ProfiledTrainerMixin, VerlTrainer):
@@ -94,3 +130,30 @@ def test_without_a_profiler_or_after_it_closed_the_trainer_runs_as_verls(
         trainer.aprof_profiler = prof
     trainer.fit(2)  # the profiler closed: a warning, never an error
     assert len(trainer.calls) == 8
+
+
+def test_stages_are_timed_and_the_last_steps_figures_reach_the_logged_metrics(
+    make_config: MakeConfig,
+) -> None:
+    trainer = Trainer()
+    with aprof.BlockingProfiler(make_config(global_profiler={"steps": []})) as prof:
+        trainer.aprof_profiler = prof
+        # The step's timeline write goes on after the step; a step of verl's takes seconds,
+        # far longer: here, the test waits for it.
+        trainer.fit(3, after_step=prof.flush)
+    first, *later = trainer.logged
+    assert first == {"actor/loss": 1.0}  # no step had ended yet
+    for n, logged in enumerate(later, start=1):
+        assert logged["aprof/step"] == n  # the step before the one that logs them
+        assert set(logged) <= {"actor/loss", *METRICS}
+        assert logged["aprof/train_s"] > 0 and logged["aprof/requests"] == 0
+        total = (
+            logged["aprof/rollout_s"]
+            + logged["aprof/train_s"]
+            - logged["aprof/overlap_s"]
+            + logged["aprof/idle_s"]
+        )
+        assert abs(total - logged["aprof/wall_s"]) < 1e-6
+    accounts = collect(prof.save_path).accounts
+    assert [a.step for a in accounts] == [1, 2, 3]
+    assert all(a.train_s > 0 for a in accounts)  # the stages, on the driver's timeline

@@ -1,0 +1,124 @@
+"""Intervals on one clock (ns): unions kept as sorted disjoint intervals, how much of a span
+they cover, nearest-rank percentiles and a rolling median. Standard library only."""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from array import array
+from collections import deque
+from collections.abc import Iterator, Sequence
+
+
+class Union:
+    """A union of intervals (ns), kept as sorted disjoint intervals; new ones are merged in by
+    :meth:`settle`."""
+
+    __slots__ = ("_begins", "_ends", "_new")
+
+    def __init__(self) -> None:
+        self._begins = array("q")
+        self._ends = array("q")
+        self._new: list[tuple[int, int]] = []
+
+    def add(self, begin: int, end: int) -> None:
+        if end > begin:
+            self._new.append((begin, end))
+
+    def settle(self) -> None:
+        """Merge what :meth:`add` took into the disjoint intervals."""
+        if not self._new:
+            return
+        merged = heapq.merge(zip(self._begins, self._ends, strict=True), sorted(self._new))
+        begins, ends = array("q"), array("q")
+        for begin, end in merged:
+            if ends and begin <= ends[-1]:
+                if end > ends[-1]:
+                    ends[-1] = end
+            else:
+                begins.append(begin)
+                ends.append(end)
+        self._begins, self._ends, self._new = begins, ends, []
+
+    def intervals(self) -> Iterator[tuple[int, int]]:
+        return zip(self._begins, self._ends, strict=True)
+
+    def plain(self) -> tuple[bytes, bytes]:
+        """The settled intervals as two arrays' bytes (for :meth:`Ledger.take`)."""
+        self.settle()
+        return self._begins.tobytes(), self._ends.tobytes()
+
+    def add_plain(self, plain: tuple[bytes, bytes]) -> None:
+        """Take in :meth:`plain`'s intervals (merged at the next :meth:`settle`)."""
+        begins, ends = array("q"), array("q")
+        begins.frombytes(plain[0])
+        ends.frombytes(plain[1])
+        self._new.extend(zip(begins, ends, strict=True))
+
+    def forget_before(self, when: int) -> None:
+        """Drop the intervals that ended before ``when``."""
+        self.settle()
+        i = bisect.bisect_left(self._ends, when)
+        del self._begins[:i], self._ends[:i]
+
+    def covered(self, begin: int, end: int) -> int:
+        """How much of ``[begin, end]`` the union covers, in ns (after :meth:`settle`)."""
+        begins, ends = self._begins, self._ends
+        i = max(0, bisect.bisect_right(begins, begin) - 1)
+        total = 0
+        while i < len(begins) and begins[i] < end:
+            total += max(0, min(ends[i], end) - max(begins[i], begin))
+            i += 1
+        return total
+
+    def __and__(self, other: Union) -> Union:
+        """Where both unions cover (both settled)."""
+        both = Union()
+        a, b = list(self.intervals()), list(other.intervals())
+        i = j = 0
+        while i < len(a) and j < len(b):
+            begin, end = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+            if begin < end:
+                both._begins.append(begin)
+                both._ends.append(end)
+            if a[i][1] < b[j][1]:
+                i += 1
+            else:
+                j += 1
+        return both
+
+    def __len__(self) -> int:
+        return len(self._begins) + len(self._new)
+
+
+def nearest_rank(ordered: Sequence[float], p: float) -> float:
+    """The p-th percentile of ``ordered`` (sorted, not empty), nearest rank."""
+    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
+
+
+class RollingMedian:
+    """The median of the last ``size`` values added (a bisect insert and remove per value: the
+    cost stays flat on a long run)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._recent: deque[float] = deque()
+        self._sorted: list[float] = []
+
+    def __len__(self) -> int:
+        return len(self._recent)
+
+    def median(self) -> float | None:
+        values = self._sorted
+        if not values:
+            return None
+        mid = len(values) // 2
+        return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+    def add(self, value: float) -> None:
+        self._recent.append(value)
+        bisect.insort(self._sorted, value)
+        if len(self._recent) > self.size:
+            old = self._recent.popleft()
+            del self._sorted[bisect.bisect_left(self._sorted, old)]

@@ -1,0 +1,31 @@
+"""``aprof report --json``: a run's accounting as one JSON object, for dashboards.
+
+``{"run_id", "save_path", "summary": {...}, "steps": [...], "problems": [...], "notes": [...]}``:
+``steps`` holds every step with a span (:meth:`aprof._accounting.StepAccount.as_json` gives
+each one's names), ``summary`` the run at a glance (:func:`aprof._accounting.summary`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aprof._accounting import summary
+from aprof._report.model import RunReport
+
+
+def document(report: RunReport) -> dict[str, Any]:
+    """The report's accounting as one object of JSON values."""
+    return {
+        "run_id": report.run_id,
+        "save_path": str(report.save_path),
+        "summary": summary(report.accounts),
+        "steps": [account.as_json() for account in report.accounts],
+        "problems": list(report.problems),
+        "notes": list(report.notes),
+    }
+
+
+def dumps(report: RunReport) -> str:
+    """:func:`document` as JSON text (no NaN or infinity: every number is finite)."""
+    return json.dumps(document(report), allow_nan=False)
