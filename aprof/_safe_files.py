@@ -92,6 +92,21 @@ def read_up_to(fd: int, size: int, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def append_file(folder: int, name: str, data: bytes) -> None:
+    """Append ``data`` to the regular file ``name`` in ``folder`` (made if missing), following
+    no link; raises ``OSError`` (``NotRegularFileError`` for anything but a regular file)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(name, flags, 0o644, dir_fd=folder)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFileError(errno.EINVAL, f"{name}: not a regular file")
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
 def open_folder(root: str, parts: Sequence[str], *, create: bool) -> int:
     """A descriptor of ``root/parts...``, made (root too) if ``create``; raises ``UnsafePathError``
     when one of ``parts`` is a link or not a folder. ``root`` itself is the user's: a link

@@ -20,7 +20,10 @@ flushes, so a timeline passing 32 MiB is split into parts as a real one is. No s
 profiled (no window): the report reads every timeline and builds the accounts, the part that
 grows with the run.
 
-Each run's ``aprof._report.collect(save_path)`` is timed in a fresh process (best of
+Each run's ``aprof._report.accounting(save_path)`` (what ``aprof report --json`` and ``aprof
+status`` read: every step's account, from the timeline writers' ledgers) is timed in a fresh
+process too, beside the whole report. Each run's ``aprof._report.collect(save_path)`` is timed
+in a fresh process (best of
 ``--repeat``; that process's peak RSS is reported too), which also checks that the report read
 every step and request; then once more in a fresh process under ``tracemalloc``, for its peak of
 Python memory (traced apart: tracing slows the report several times; ``--trace-steps`` leaves
@@ -172,13 +175,13 @@ def _shifted(event: Event, shift: int) -> Event:
 _MEASURE = """
 import gc, json, resource, sys, time, tracemalloc
 from aprof._accounting import summary
-from aprof._report import collect
-root, trace = sys.argv[1], sys.argv[2] == "trace"
+from aprof._report import accounting, collect
+root, trace, what = sys.argv[1], sys.argv[2] == "trace", sys.argv[3]
 gc.collect()
 if trace:
     tracemalloc.start()
 began = time.perf_counter()
-report = collect(root)
+report = collect(root) if what == "collect" else accounting(root)
 seconds = time.perf_counter() - began
 peak = tracemalloc.get_traced_memory()[1] if trace else 0
 tracemalloc.stop()
@@ -187,18 +190,24 @@ print(json.dumps({
     "traced_peak": peak,
     "rss_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     "problems": list(report.problems),
+    "notes": list(report.notes),
     "accounts": len(report.accounts),
     "requests": sum(a.requests for a in report.accounts),
-    "unprofiled": report.latency_unprofiled.count,
+    "unprofiled": (
+        report.latency_unprofiled.count
+        if what == "collect"
+        else sum(a.requests for a in report.accounts)
+    ),
     "anomalies": len(summary(report.accounts)["anomalies"]),
 }))
 """
 
 
-def measure(root: Path, trace: bool) -> dict[str, Any]:
-    """One ``collect(root)`` in a fresh process: its seconds, peaks and what it read."""
+def measure(root: Path, trace: bool, what: str = "collect") -> dict[str, Any]:
+    """One ``collect(root)`` (or ``accounting(root)``) in a fresh process: its seconds, peaks
+    and what it read."""
     done = subprocess.run(
-        [sys.executable, "-c", _MEASURE, str(root), "trace" if trace else "time"],
+        [sys.executable, "-c", _MEASURE, str(root), "trace" if trace else "time", what],
         capture_output=True,
         text=True,
     )
@@ -217,6 +226,8 @@ class Row:
     seconds: float
     rss: int
     traced: int | None
+    accounting_s: float
+    accounting_rss: int
 
 
 def run_length(tmp: Path, steps: int, args: argparse.Namespace) -> Row:
@@ -231,9 +242,17 @@ def run_length(tmp: Path, steps: int, args: argparse.Namespace) -> Row:
         assert found["requests"] == found["unprofiled"] == requests, (found, requests)
     traced = measure(root, trace=True) if steps <= args.trace_steps else None
     best = min(timed, key=lambda found: float(found["seconds"]))
+    alone = min(
+        (measure(root, trace=False, what="accounting") for _ in range(args.repeat)),
+        key=lambda found: float(found["seconds"]),
+    )
+    # From the timeline writers' ledgers, not the JSON: the same steps and requests.
+    assert not alone["notes"] and not alone["problems"], alone
+    assert (alone["accounts"], alone["requests"]) == (steps, requests), alone
     print(
         f"{steps:,} steps: synthesized in {made:.1f} s ({on_disk / 2**20:.0f} MiB of gzip in "
-        f"{parts} timeline parts); report {best['seconds']:.1f} s, {best['anomalies']} "
+        f"{parts} timeline parts); report {best['seconds']:.1f} s, accounting alone "
+        f"{alone['seconds']:.2f} s, {best['anomalies']} "
         f"anomalous steps; under tracemalloc "
         f"{'-' if traced is None else format(traced['seconds'], '.1f') + ' s'}",
         file=sys.stderr,
@@ -248,6 +267,8 @@ def run_length(tmp: Path, steps: int, args: argparse.Namespace) -> Row:
         float(best["seconds"]),
         int(best["rss_peak"]),
         None if traced is None else int(traced["traced_peak"]),
+        float(alone["seconds"]),
+        int(alone["rss_peak"]),
     )
 
 
@@ -291,15 +312,17 @@ def main() -> None:
     print(
         f"| steps | requests | timeline gzip (parts) | seconds | s per 1,000 steps | peak MiB "
         f"| peak RSS MiB | time / {first.steps:,} steps "
-        f"| memory / {first.steps:,} steps (tracemalloc / RSS) |"
+        f"| memory / {first.steps:,} steps (tracemalloc / RSS) "
+        f"| accounting alone s | its peak RSS MiB |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         print(
             f"| {row.steps:,} | {row.requests:,} | {row.on_disk / 2**20:.0f} MiB ({row.parts}) "
             f"| {row.seconds:.2f} | {row.seconds / row.steps * 1000:.2f} | {mib(row.traced)} "
             f"| {mib(row.rss)} | {ratio(row.seconds, first.seconds)} "
-            f"| {ratio(row.traced, first.traced)} / {ratio(row.rss, first.rss)} |"
+            f"| {ratio(row.traced, first.traced)} / {ratio(row.rss, first.rss)} "
+            f"| {row.accounting_s:.2f} | {mib(row.accounting_rss)} |"
         )
 
 

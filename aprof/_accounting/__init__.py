@@ -44,6 +44,7 @@ from aprof._accounting.ledger import (
     STAGE,
     Ledger,
     combined,
+    ledger_file,
 )
 
 __all__ = [
@@ -59,6 +60,7 @@ __all__ = [
     "StepAccount",
     "Union",
     "combined",
+    "ledger_file",
     "nearest_rank",
     "summary",
 ]

@@ -3,12 +3,14 @@ they cover, nearest-rank percentiles and a rolling median. Standard library only
 
 from __future__ import annotations
 
+import base64
 import bisect
 import heapq
 import math
 from array import array
 from collections import deque
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 
 class Union:
@@ -41,20 +43,29 @@ class Union:
                 ends.append(end)
         self._begins, self._ends, self._new = begins, ends, []
 
+    def tidy(self) -> None:
+        """:meth:`settle` once the intervals not merged yet outnumber the merged ones (and
+        4,096): memory stays near the union's, and the cost of merging amortized."""
+        if len(self._new) > max(4096, len(self._begins)):
+            self.settle()
+
     def intervals(self) -> Iterator[tuple[int, int]]:
         return zip(self._begins, self._ends, strict=True)
 
-    def plain(self) -> tuple[bytes, bytes]:
-        """The settled intervals as two arrays' bytes (for :meth:`Ledger.take`)."""
+    def plain(self) -> tuple[str, str]:
+        """The settled intervals as two arrays, :func:`packed` (for ``Ledger.take``)."""
         self.settle()
-        return self._begins.tobytes(), self._ends.tobytes()
+        return packed(self._begins), packed(self._ends)
 
-    def add_plain(self, plain: tuple[bytes, bytes]) -> None:
-        """Take in :meth:`plain`'s intervals (merged at the next :meth:`settle`)."""
+    def add_plain(self, plain: Sequence[str]) -> None:
+        """Take in :meth:`plain`'s intervals (merged at the next :meth:`settle`); raises
+        ``ValueError`` on anything else."""
         begins, ends = array("q"), array("q")
-        begins.frombytes(plain[0])
-        ends.frombytes(plain[1])
-        self._new.extend(zip(begins, ends, strict=True))
+        unpack(begins, plain[0])
+        unpack(ends, plain[1])
+        if len(begins) != len(ends):
+            raise ValueError("a union's begins and ends differ in number")
+        self._new.extend((b, e) for b, e in zip(begins, ends, strict=True) if e > b)
 
     def forget_before(self, when: int) -> None:
         """Drop the intervals that ended before ``when``."""
@@ -90,6 +101,19 @@ class Union:
 
     def __len__(self) -> int:
         return len(self._begins) + len(self._new)
+
+
+def packed(values: array[Any]) -> str:
+    """An array's bytes (this machine's byte order) as base64 text."""
+    return base64.b64encode(values.tobytes()).decode("ascii")
+
+
+def unpack(into: array[Any], text: object) -> None:
+    """Append :func:`packed`'s ``text`` to ``into``; raises ``ValueError`` (or ``TypeError``)
+    on anything else."""
+    if not isinstance(text, str):
+        raise TypeError(f"packed values are text, not {type(text).__name__}")
+    into.frombytes(base64.b64decode(text, validate=True))
 
 
 def nearest_rank(ordered: Sequence[float], p: float) -> float:

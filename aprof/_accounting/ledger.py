@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aprof._accounting.account import NS, Anomaly, ReplicaAccount, Slow, StepAccount
-from aprof._accounting.intervals import RollingMedian, Union, nearest_rank
+from aprof._accounting.intervals import RollingMedian, Union, nearest_rank, packed, unpack
 
 MAX_VALUES = 4096
 """Latencies kept per step; beyond, a uniform sample of them."""
@@ -28,6 +28,8 @@ BASELINE = 10
 """Unprofiled steps the median is taken over (unless ``triggers.slow_step`` says otherwise)."""
 MIN_BASELINE = 3
 """Fewer previous unprofiled steps than this: no step is judged yet."""
+LEDGER_SUFFIX = ".ledger.jsonl"
+"""A timeline's ledgers: ``timeline/<process>.ledger.jsonl``, one line per write."""
 STAGE = "stage"
 """The ``aprof`` attr of a timeline span that is a trainer stage (``prof.stage(name)``)."""
 
@@ -51,6 +53,11 @@ class _Step:
     slowest: list[tuple[float, int, str | None, int, str]] = field(default_factory=list)
     replicas: dict[int, _Replica] = field(default_factory=dict)
     staleness: list[float] = field(default_factory=list)
+
+
+def ledger_file(process: str) -> str:
+    """The name of the file beside a process's timeline holding its writes' ledgers."""
+    return process + LEDGER_SUFFIX
 
 
 class Ledger:
@@ -144,8 +151,9 @@ class Ledger:
             mine.staleness.append(steps)
 
     def take(self) -> tuple[Any, ...]:
-        """What this ledger holds, as plain data (tuples, dicts, bytes, numbers; ``()`` when
-        it holds nothing); the ledger is empty afterwards."""
+        """What this ledger holds, as plain data (tuples, dicts with int or str keys, str,
+        numbers: marshal and JSON carry it; arrays as base64 of their bytes, in this
+        machine's byte order; ``()`` when it holds nothing); the ledger is empty afterwards."""
         if not (self._walls or self._steps or self._started or self._busy) and not (
             len(self._rollout) or len(self._train)
         ):
@@ -153,15 +161,12 @@ class Ledger:
         steps = {
             n: (
                 m.seen,
-                m.latencies.tobytes(),
-                m.ends.tobytes(),
+                packed(m.latencies),
+                packed(m.ends),
                 m.max_s,
                 m.last_end,
                 [entry[:1] + entry[2:] for entry in m.slowest],
-                {
-                    r: (c.requests, c.tokens, c.gated_begins.tobytes())
-                    for r, c in m.replicas.items()
-                },
+                {r: (c.requests, c.tokens, packed(c.gated_begins)) for r, c in m.replicas.items()},
                 list(m.staleness),
             )
             for n, m in self._steps.items()
@@ -192,14 +197,14 @@ class Ledger:
         parts = []
         for n, (seen, latencies, ends, max_s, last_end, slowest, replicas, stale) in steps.items():
             part = _Step(seen=int(seen), max_s=float(max_s), last_end=int(last_end))
-            part.latencies.frombytes(latencies)
-            part.ends.frombytes(ends)
+            unpack(part.latencies, latencies)
+            unpack(part.ends, ends)
             part.slowest = [
                 (float(lat), 0, rid, int(r), str(proc)) for lat, rid, r, proc in slowest
             ]
             for r, (requests, tokens, gated) in replicas.items():
                 counts = part.replicas[int(r)] = _Replica(int(requests), int(tokens))
-                counts.gated_begins.frombytes(gated)
+                unpack(counts.gated_begins, gated)
             part.staleness = [float(v) for v in stale]
             parts.append((int(n), part))
         for n, (b, e, p) in checked.items():
@@ -212,6 +217,9 @@ class Ledger:
             self._busy.setdefault(int(r), Union()).add_plain(intervals)
         for n, part in parts:
             self._merge_step(n, part)
+        # Many ledgers' intervals must not pile up unmerged, nor be merged over and over.
+        for union in (self._rollout, self._train, *self._busy.values()):
+            union.tidy()
 
     def _merge_step(self, n: int, part: _Step) -> None:
         mine = self._steps.get(n)

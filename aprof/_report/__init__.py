@@ -1,7 +1,8 @@
 """``aprof report``: what a run captured, step by step, in the terminal and as report.html.
 
-- ``build.py``: :func:`collect`, a run read back into a :class:`RunReport`; :func:`accounts`,
-  every step's accounting from the timelines alone (``aprof status``);
+- ``build.py``: :func:`collect`, a run read back into a :class:`RunReport`; :func:`accounts`
+  and :func:`accounting`, every step's accounting alone (``aprof status``, ``--json``);
+- ``ledgers.py``: the timeline writers' ledgers read back (the accounting without the JSON);
 - ``model.py``: the report's data (steps, windows, distributions, intervals);
 - ``requests.py``: what the timelines give (request latency, gated waits, and every step's
   spans for the accounting of :mod:`aprof._accounting`);
@@ -12,14 +13,16 @@
 - ``html.py``: report.html (plotly, imported when drawn).
 """
 
-from aprof._report.build import accounts, collect, report, with_html
+from aprof._report.build import Accounting, accounting, accounts, collect, report, with_html
 from aprof._report.document import dumps
 from aprof._report.model import RunReport, StepReport
 from aprof._report.text import render, summary
 
 __all__ = [
+    "Accounting",
     "RunReport",
     "StepReport",
+    "accounting",
     "accounts",
     "collect",
     "dumps",

@@ -47,11 +47,13 @@ from collections import defaultdict
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 from aprof._accounting import BASELINE, FACTOR, Ledger, StepAccount
 from aprof._manifest import Manifest, WindowRecord, load_manifest
 from aprof._report import traces
 from aprof._report.clock import MAX_NS, Earliest
+from aprof._report.ledgers import take_ledgers
 from aprof._report.model import (
     Distribution,
     Interval,
@@ -98,6 +100,7 @@ def collect(save_path: str | os.PathLike[str]) -> RunReport:
         by_step[window.step].append(window)
     ledger = Ledger()
     requests = Requests(set(by_step), ledger)
+    requests.accounted, read_notes = take_ledgers(str(root), manifest, ledger)
     problems = [f"{n.text}" for n in manifest.notes if n.step is None]
     problems += _read_timelines(root, manifest, requests)
     stages = traces.stage_names(manifest)
@@ -111,6 +114,7 @@ def collect(save_path: str | os.PathLike[str]) -> RunReport:
         for n in manifest.notes
         if n.step is not None
     )
+    notes += tuple(read_notes)
     if not manifest.timeline:
         notes += ("no timeline in this run (timeline.enable: false?): no request latencies",)
     return RunReport(
@@ -145,15 +149,50 @@ def accounts(save_path: str | os.PathLike[str]) -> tuple[StepAccount, ...]:
     Raises ``ManifestError`` when ``save_path`` holds no readable manifest; a timeline that
     cannot be read costs its own spans.
     """
+    return accounting(save_path).accounts
+
+
+class Accounting(NamedTuple):
+    """Every step's accounting of a run, with what a reader should know of it."""
+
+    run_id: str
+    save_path: Path
+    accounts: tuple[StepAccount, ...]
+    problems: tuple[str, ...]
+    """Run-wide problems: the manifest's notes of no step, timelines that cannot be read."""
+    notes: tuple[str, ...]
+
+
+def accounting(save_path: str | os.PathLike[str]) -> Accounting:
+    """:func:`accounts` with the run's problems and notes (``aprof report --json``): from the
+    timeline writers' ledgers where they cover the listed timelines, else from the timelines.
+
+    Raises ``ManifestError`` when ``save_path`` holds no readable manifest.
+    """
     root = Path(save_path)
     manifest = load_manifest(root)
     ledger = Ledger()
-    _read_timelines(root, manifest, Requests({w.step for w in manifest.windows}, ledger))
-    return tuple(ledger.accounts(*_anomaly_rule(manifest)))
+    covered, notes = take_ledgers(str(root), manifest, ledger)
+    requests = Requests({w.step for w in manifest.windows}, ledger)
+    requests.accounted = covered
+    problems = [n.text for n in manifest.notes if n.step is None]
+    problems += _read_timelines(root, manifest, requests, skip=covered)
+    if not manifest.timeline:
+        notes.append("no timeline in this run (timeline.enable: false?): no request latencies")
+    return Accounting(
+        run_id=manifest.run_id,
+        save_path=root,
+        accounts=tuple(ledger.accounts(*_anomaly_rule(manifest))),
+        problems=tuple(problems),
+        notes=tuple(notes),
+    )
 
 
-def _read_timelines(root: Path, manifest: Manifest, requests: Requests) -> list[str]:
-    """Every timeline part of the run into ``requests``, one at a time; the problems met."""
+def _read_timelines(
+    root: Path, manifest: Manifest, requests: Requests, *, skip: set[str] | None = None
+) -> list[str]:
+    """Every timeline part of the run into ``requests``, one at a time, but those of the
+    processes in ``skip``; the problems met."""
     problems = []
     for entry in manifest.timeline:
         if entry.dropped > 0:
@@ -161,6 +200,8 @@ def _read_timelines(root: Path, manifest: Manifest, requests: Requests) -> list[
                 f"{entry.path}: {entry.dropped} timeline events dropped "
                 "(raise timeline.buffer_events)"
             )
+        if skip is not None and entry.process in skip:
+            continue
         try:  # passed on, not kept: one input in memory at a time
             requests.add_file(
                 read_trace_below(root, entry.path, traces.MAX_INPUT_BYTES), entry.process

@@ -11,11 +11,12 @@ import json
 from typing import Any
 
 from aprof._accounting import summary
+from aprof._report.build import Accounting
 from aprof._report.model import RunReport
 
 
-def document(report: RunReport) -> dict[str, Any]:
-    """The report's accounting as one object of JSON values."""
+def document(report: Accounting | RunReport) -> dict[str, Any]:
+    """The run's accounting as one object of JSON values."""
     return {
         "run_id": report.run_id,
         "save_path": str(report.save_path),
@@ -26,6 +27,6 @@ def document(report: RunReport) -> dict[str, Any]:
     }
 
 
-def dumps(report: RunReport) -> str:
+def dumps(report: Accounting | RunReport) -> str:
     """:func:`document` as JSON text (no NaN or infinity: every number is finite)."""
     return json.dumps(document(report), allow_nan=False)

@@ -56,6 +56,9 @@ class Requests:
         self.profiled_steps = profiled
         self.ledger = ledger
         """Every step's spans, requests and stages, for the accounting."""
+        self.accounted: set[str] = set()
+        """Processes whose timelines' ledgers the ledger took already (``ledgers.py``): their
+        timelines are not accounted again."""
         self.steps: dict[int, StepRequests] = {}
         self.profiled = _Reservoir()
         self.unprofiled = _Reservoir()
@@ -136,11 +139,15 @@ class Requests:
             self.started_us.setdefault(window, when)
         for step, span in step_spans.items():
             self.step_spans.setdefault(step, span)
+        account = process not in self.accounted
         for begin, end, args in done:
             self._request(
                 begin + base_us, end + base_us, args, interval(base, begin, end - begin, "")
             )
-            self._account(base, begin, end, args, process)
+            if account:
+                self._account(base, begin, end, args, process)
+        if not account:
+            return
         ledger = self.ledger
         for step, span, profiled in walls:
             ledger.step(step, span.begin_ns, span.end_ns, profiled=profiled)

@@ -23,6 +23,7 @@ runs it (``writer_child.py``).
 from __future__ import annotations
 
 import itertools
+import json
 import marshal
 import math
 import os
@@ -34,8 +35,8 @@ from json.encoder import encode_basestring_ascii as _quote
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-from aprof._accounting import STAGE, Ledger
-from aprof._safe_files import move_aside, open_folder, replace_file
+from aprof._accounting import STAGE, Ledger, ledger_file
+from aprof._safe_files import append_file, move_aside, open_folder, replace_file
 from aprof._timeline.events import REQUEST, SPAN, STEP, WINDOW, Event
 
 _LEVEL = 1  # zlib: the timeline is written while the run goes on, so speed over ratio
@@ -123,13 +124,26 @@ class ChromeTraceWriter:
         self._names: dict[str, str] = {}
         self._keys: dict[str, str] = {}
         self._ledger = Ledger()
+        """What :meth:`add` took since the last write, accounted."""
+        self._taken: list[tuple[object, ...]] = []
+        """Each write's ledger, for :meth:`take_ledger`."""
+        self._ledger_file: str | None = ledger_file(process)
+        """The ledgers' file beside the timeline; ``None`` once an append failed (the report
+        then reads the timeline itself)."""
+        self._ledger_claimed = False
         self._wall = clock.wall_ns - clock.monotonic_ns
         """Added to a monotonic time: the wall clock's."""
 
     def take_ledger(self) -> tuple[object, ...]:
-        """The ledger of the events :meth:`add` took since the last call
-        (:meth:`aprof._accounting.Ledger.take`)."""
-        return self._ledger.take()
+        """The ledger of the events written since the last call
+        (:meth:`aprof._accounting.Ledger.take`'s plain data)."""
+        taken, self._taken = self._taken, []
+        if len(taken) == 1:
+            return taken[0]
+        merged = Ledger()
+        for plain in taken:
+            merged.merge(plain)
+        return merged.take()
 
     def add(self, events: list[Event]) -> None:
         """Turn ``events`` into the next write's compressed JSON.
@@ -198,6 +212,7 @@ class ChromeTraceWriter:
                     move_aside(folder, name)
                     self._claimed = True
                 size: int = replace_file(folder, name, itertools.chain(prefix or (), body, (tail,)))
+                self._keep_ledger(folder, self.written.part, events)
             finally:
                 os.close(folder)
         except BaseException:
@@ -210,10 +225,30 @@ class ChromeTraceWriter:
         self.written = Written(size, events, dropped + self._lost, self.written.part)
         return size
 
+    def _keep_ledger(self, folder: int, part: int, events: int) -> None:
+        """This write's ledger, for :meth:`take_ledger` and appended to the ledgers' file
+        (``{"part", "events", "ledger"}``, one JSON line per write: the report reads it
+        instead of the timeline when its last line names the part and event count the
+        manifest lists). A failed append ends the file's appends, never the write."""
+        plain = self._ledger.take()
+        self._taken.append(plain)
+        name = self._ledger_file
+        if name is None:
+            return
+        line = json.dumps({"part": part, "events": events, "ledger": plain}, separators=(",", ":"))
+        try:
+            if not self._ledger_claimed:  # an earlier run's file of that name
+                move_aside(folder, name)
+                self._ledger_claimed = True
+            append_file(folder, name, line.encode("ascii") + b"\n")
+        except (OSError, ValueError):
+            self._ledger_file = None
+
     def _begin_again(self, body: list[bytes]) -> tuple[Any, list[bytes]]:
         """A fresh stream holding the head and the events compressed in ``body``."""
         text = zlib.decompressobj(-zlib.MAX_WBITS).decompress(b"".join(body))
         self._lost += self.written.events
+        self._ledger_file = None  # its ledgers tell of events the file no longer holds
         self._zip, self._tail = None, 0
         stream = zlib.compressobj(_LEVEL, zlib.DEFLATED, 31)
         again = [stream.compress(self._head().encode()), stream.compress(text)]

@@ -17,7 +17,7 @@ import argparse
 import sys
 
 from aprof import ManifestError
-from aprof._report import collect, dumps, render, with_html
+from aprof._report import accounting, collect, dumps, render, with_html
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,12 +36,12 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Print the report (and write report.html); 0, or 1 with one line on bad input."""
     try:
+        if args.json:  # the accounting alone: from the writers' ledgers where they cover it
+            print(dumps(accounting(args.save_path)))
+            return 0
         report = collect(args.save_path)
     except (ManifestError, OSError) as exc:
         return _fail(exc)
-    if args.json:
-        print(dumps(report))
-        return 0
     sys.stdout.write(render(report))
     if args.no_html:
         return 0

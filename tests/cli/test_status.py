@@ -26,6 +26,7 @@ import pytest
 import aprof
 import aprof._report
 import aprof.cli
+from aprof._accounting import ledger_file
 from aprof.cli import status as status_cli
 from aprof.testing import RecordingTarget
 
@@ -494,7 +495,13 @@ async def test_a_damaged_timeline_costs_its_steps_not_status(make_config: MakeCo
     save_path = await a_run(make_config, 3)
     [timeline] = aprof.load_manifest(save_path).timeline  # the driver's, the run's only one
     (save_path / timeline.path).write_bytes(b"\x00not a trace{" * 100)
-    # The accounting skips an unreadable timeline: nothing is left of the run's steps.
+    # The timeline writer's ledgers beside it still account for every step...
+    data = await asyncio.to_thread(as_json, save_path)
+    assert [s["step"] for s in data["last_steps"]] == [1, 2, 3]
+    # ... and once they are damaged too, the accounting skips the unreadable timeline:
+    # nothing is left of the run's steps.
+    ledgers = (save_path / timeline.path).with_name(ledger_file(timeline.process))
+    ledgers.write_bytes(b"\x00not a ledger\n")
     data = await asyncio.to_thread(as_json, save_path)
     assert (data["last_steps"], data["accounting_error"]) == ([], None)
     assert data["source"] == "status" and data["state"] == "ended"

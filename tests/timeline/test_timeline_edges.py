@@ -133,5 +133,6 @@ def test_a_file_no_longer_as_written_is_begun_again(tmp_path: Path) -> None:
     data = load_trace(folder / "p.trace.json.gz")
     assert [r.name for r in check_trace(data)] == ["b"]
     assert (data["aprofStats"]["events"], data["aprofStats"]["dropped_events"]) == (1, 1)
-    assert [p.name for p in folder.iterdir()] == ["p.trace.json.gz"]
+    # Nothing else left behind: the file and its writes' ledgers (appended from the first).
+    assert sorted(p.name for p in folder.iterdir()) == ["p.ledger.jsonl", "p.trace.json.gz"]
     assert (writer.written.events, writer.written.dropped) == (1, 1)

@@ -201,8 +201,12 @@ async def test_an_earlier_runs_timeline_is_kept(make_config: MakeConfig) -> None
             with prof.span(run):
                 pass
     folder = prof.save_path / "timeline"
-    files = sorted(folder.iterdir(), key=lambda p: p.name != "trainer.trace.json.gz")
+    traces = [p for p in folder.iterdir() if p.name.endswith(".trace.json.gz")]
+    files = sorted(traces, key=lambda p: p.name != "trainer.trace.json.gz")
     assert [p.name.startswith("trainer.") for p in files] == [True, True]
+    # The writes' ledgers beside it are kept aside with it.
+    ledgers = sorted(p.name for p in folder.iterdir() if p.name.endswith(".ledger.jsonl"))
+    assert len(ledgers) == 2 and ledgers[-1] == "trainer.ledger.jsonl"
     assert [[e["name"] for e in load_trace(p)["traceEvents"] if e["ph"] == "b"] for p in files] == [
         ["second"],
         ["first"],

@@ -1,0 +1,158 @@
+"""The timeline writers' ledgers beside the timelines (``timeline/<process>.ledger.jsonl``):
+the accounting reads them instead of the timelines' JSON where they cover what the manifest
+lists, through the writer process and the writer thread alike, and falls back to the
+timelines, with a note, when they are damaged, cut short, a link or do not cover it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import aprof
+from aprof._accounting import StepAccount, ledger_file
+from aprof._report import accounting, collect
+from aprof._timeline.writer_process import WriterProcess
+
+MakeConfig = Callable[..., aprof.ProfilerConfig]
+LIMIT_S = 30
+US_S = 4e-6
+"""The timelines keep whole µs; the ledgers, ns."""
+PHASES = ("wall_s", "rollout_s", "train_s", "overlap_s", "idle_s", "p99_s", "max_s")
+
+
+async def _run(make_config: MakeConfig, steps: int = 4) -> Path:
+    release = asyncio.Event()
+    async with asyncio.timeout(LIMIT_S), aprof.Profiler(make_config()) as prof:
+        for n in range(1, steps + 1):
+            async with prof.step(n):
+
+                async def one(i: int, n: int = n) -> None:
+                    async with prof.request(replica=i % 2, request_id=f"s{n}-{i}") as req:
+                        req.forward(tokens=3)
+                        await release.wait()
+
+                requests = [asyncio.create_task(one(i)) for i in range(4)]
+                for _ in range(3):
+                    await asyncio.sleep(0)  # all four in flight together
+                release.set()
+                await asyncio.gather(*requests)
+                release.clear()
+                with prof.stage("update"):
+                    await asyncio.sleep(0)
+            await prof.flush()  # one write per step: one ledger line per step
+    return prof.save_path
+
+
+def _same(left: tuple[StepAccount, ...], right: tuple[StepAccount, ...]) -> None:
+    assert [a.step for a in left] == [a.step for a in right]
+    for a, b in zip(left, right, strict=True):
+        assert (a.requests, a.profiled) == (b.requests, b.profiled)
+        for name in PHASES:
+            assert getattr(a, name) == pytest.approx(getattr(b, name), abs=US_S), name
+
+
+def _ledgers(save_path: Path) -> Path:
+    (entry,) = aprof.load_manifest(save_path).timeline
+    return save_path / "timeline" / ledger_file(entry.process)
+
+
+def _from_timelines(save_path: Path, tmp_path: Path) -> tuple[StepAccount, ...]:
+    """The accounts of a copy of the run without its ledgers: from the timelines' JSON."""
+    copy = tmp_path / "copy"
+    shutil.copytree(save_path, copy)
+    _ledgers(copy).unlink()
+    found = accounting(copy)
+    assert found.notes == ()
+    return found.accounts
+
+
+@pytest.mark.parametrize("writer", ["process", "thread"])
+async def test_the_accounting_reads_the_ledgers_and_says_what_the_timelines_say(
+    make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, writer: str
+) -> None:
+    if writer == "thread":
+        monkeypatch.setattr(WriterProcess, "shared", classmethod(lambda cls: None))
+    save_path = await _run(make_config)
+    lines = _ledgers(save_path).read_text().splitlines()
+    assert len(lines) >= 4  # a line per write
+    assert [json.loads(line)["part"] for line in lines] == [1] * len(lines)
+    found = accounting(save_path)
+    assert found.notes == () and found.problems == ()
+    assert [a.step for a in found.accounts] == [1, 2, 3, 4]
+    assert all(a.requests == 4 and a.train_s > 0 and a.rollout_s > 0 for a in found.accounts)
+    _same(found.accounts, _from_timelines(save_path, tmp_path))
+    _same(collect(save_path).accounts, found.accounts)  # the report takes them too
+
+
+@pytest.mark.parametrize(
+    ("damage", "noted"),
+    [
+        ("garbage", True),
+        ("cut", True),  # the last line cut short: the listed count is never reached
+        ("behind", True),  # an append failed: the file stops short of the listing
+        ("missing", False),  # an older run's: no file, nothing to say
+        ("link", True),
+        ("folder", True),
+    ],
+)
+async def test_ledgers_that_do_not_cover_the_timeline_leave_it_to_the_json(
+    make_config: MakeConfig, tmp_path: Path, damage: str, noted: bool
+) -> None:
+    save_path = await _run(make_config)
+    expected = _from_timelines(save_path, tmp_path)
+    file = _ledgers(save_path)
+    text = file.read_text()
+    lines = text.splitlines()
+    # The lines before the first write that reached the listed count (the close's write may
+    # add no event: its line names the same count as the one before).
+    listed = json.loads(lines[-1])["events"]
+    before = [line for line in lines if json.loads(line)["events"] < listed]
+    reaching = lines[len(before)]
+    if damage == "garbage":
+        file.write_bytes(b"\x00\xffnot json\n" + text.encode())
+    elif damage == "cut":
+        file.write_text("".join(f"{line}\n" for line in before) + reaching[: len(reaching) // 2])
+    elif damage == "behind":
+        file.write_text("".join(f"{line}\n" for line in before))
+    elif damage == "missing":
+        file.unlink()
+    elif damage == "link":
+        outside = tmp_path / "outside.jsonl"
+        outside.write_text(text)
+        file.unlink()
+        os.symlink(outside, file)
+    else:
+        file.unlink()
+        file.mkdir()
+    found = accounting(save_path)
+    assert bool(found.notes) is noted, found.notes
+    assert all(file.name in note for note in found.notes)
+    _same(found.accounts, expected)
+
+
+async def test_a_ledger_that_cannot_be_appended_costs_no_timeline_write(
+    make_config: MakeConfig,
+) -> None:
+    # After the first write a folder takes the ledgers' name: every later append fails, every
+    # timeline write succeeds, and the accounting reads the timelines.
+    async with asyncio.timeout(LIMIT_S), aprof.Profiler(make_config()) as prof:
+        for n in (1, 2, 3):
+            async with prof.step(n), prof.request(replica=0, request_id=f"s{n}"):
+                await asyncio.sleep(0)
+            await prof.flush()
+            if n == 1:
+                squat = _ledgers(prof.save_path)
+                squat.unlink()
+                squat.mkdir()
+    assert squat.is_dir() and not any(squat.iterdir())
+    (entry,) = aprof.load_manifest(prof.save_path).timeline
+    assert entry.dropped == 0
+    found = accounting(prof.save_path)
+    assert [(a.step, a.requests) for a in found.accounts] == [(1, 1), (2, 1), (3, 1)]
+    assert len(found.notes) == 1 and squat.name in found.notes[0]
