@@ -9,7 +9,7 @@ import heapq
 import math
 from array import array
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 
@@ -57,15 +57,9 @@ class Union:
         self.settle()
         return packed(self._begins), packed(self._ends)
 
-    def add_plain(self, plain: Sequence[str]) -> None:
-        """Take in :meth:`plain`'s intervals (merged at the next :meth:`settle`); raises
-        ``ValueError`` on anything else."""
-        begins, ends = array("q"), array("q")
-        unpack(begins, plain[0])
-        unpack(ends, plain[1])
-        if len(begins) != len(ends):
-            raise ValueError("a union's begins and ends differ in number")
-        self._new.extend((b, e) for b, e in zip(begins, ends, strict=True) if e > b)
+    def extend(self, found: Iterable[tuple[int, int]]) -> None:
+        """Take in intervals (merged at the next :meth:`settle`)."""
+        self._new.extend(found)
 
     def forget_before(self, when: int) -> None:
         """Drop the intervals that ended before ``when``."""
@@ -114,6 +108,18 @@ def unpack(into: array[Any], text: object) -> None:
     if not isinstance(text, str):
         raise TypeError(f"packed values are text, not {type(text).__name__}")
     into.frombytes(base64.b64decode(text, validate=True))
+
+
+def intervals(plain: Any) -> list[tuple[int, int]]:
+    """:meth:`Union.plain`'s intervals, those not empty; raises ``ValueError`` (or
+    ``TypeError``) on anything else."""
+    begins, ends = array("q"), array("q")
+    first, second = plain
+    unpack(begins, first)
+    unpack(ends, second)
+    if len(begins) != len(ends):
+        raise ValueError("a union's begins and ends differ in number")
+    return [(b, e) for b, e in zip(begins, ends, strict=True) if e > b]
 
 
 def nearest_rank(ordered: Sequence[float], p: float) -> float:

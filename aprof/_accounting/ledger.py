@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import random
 from array import array
 from collections.abc import Iterator
@@ -13,7 +14,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aprof._accounting.account import NS, Anomaly, ReplicaAccount, Slow, StepAccount
-from aprof._accounting.intervals import RollingMedian, Union, nearest_rank, packed, unpack
+from aprof._accounting.intervals import (
+    RollingMedian,
+    Union,
+    intervals,
+    nearest_rank,
+    packed,
+    unpack,
+)
 
 MAX_VALUES = 4096
 """Latencies kept per step; beyond, a uniform sample of them."""
@@ -53,6 +61,42 @@ class _Step:
     slowest: list[tuple[float, int, str | None, int, str]] = field(default_factory=list)
     replicas: dict[int, _Replica] = field(default_factory=dict)
     staleness: list[float] = field(default_factory=list)
+
+
+def _finite(value: object, *, low: float = 0.0) -> float:
+    """``value`` as a finite float of at least ``low``; raises ``ValueError`` otherwise."""
+    found = float(value)  # type: ignore[arg-type]  # anything else raises, as it should
+    if not (math.isfinite(found) and found >= low):
+        raise ValueError(f"not a finite number >= {low:g}: {value!r}")
+    return found
+
+
+def _count(value: object) -> int:
+    """``value`` as an int >= 0 (no bool); raises ``ValueError`` otherwise."""
+    if type(value) is not int or value < 0:
+        raise ValueError(f"not a count: {value!r}")
+    return value
+
+
+def _step_of(fields: Any) -> _Step:
+    """One step of a ledger's plain data, checked: finite latencies, counts >= 0."""
+    seen, latencies, ends, max_s, last_end, slowest, replicas, stale = fields
+    part = _Step(seen=_count(seen), max_s=_finite(max_s), last_end=int(last_end))
+    unpack(part.latencies, latencies)
+    unpack(part.ends, ends)
+    if not all(math.isfinite(v) and v >= 0 for v in part.latencies):
+        raise ValueError("a latency that is not a finite number >= 0")
+    if len(part.ends) != len(part.latencies) or len(part.latencies) > min(seen, MAX_VALUES):
+        raise ValueError("latencies and ends do not match the requests")
+    part.slowest = [
+        (_finite(lat), 0, rid if isinstance(rid, str) else None, int(r), str(proc))
+        for lat, rid, r, proc in list(slowest)[:SLOWEST]
+    ]
+    for r, (requests, tokens, gated) in dict(replicas).items():
+        counts = part.replicas[int(r)] = _Replica(_count(requests), _count(tokens))
+        unpack(counts.gated_begins, gated)
+    part.staleness = [_finite(v, low=-math.inf) for v in list(stale)[:MAX_VALUES]]
+    return part
 
 
 def ledger_file(process: str) -> str:
@@ -183,38 +227,30 @@ class Ledger:
         self._rollout, self._train, self._busy = Union(), Union(), {}
         return plain
 
-    def merge(self, plain: tuple[Any, ...]) -> None:
-        """Take in another ledger's :meth:`take`. Raises ``ValueError`` (or ``TypeError``)
-        on data of another shape, before taking any of it."""
+    def merge(self, plain: Any) -> None:
+        """Take in another ledger's :meth:`take`. Raises (``ValueError``, ``TypeError``,
+        ``OverflowError``...) on anything else, a number that is not finite or a negative
+        count among them, before taking any of it."""
         if not plain:
             return
         walls, steps, rollout, train, busy, started = plain
-        checked = {int(n): (int(b), int(e), bool(p)) for n, (b, e, p) in walls.items()}
+        checked = {int(n): (int(b), int(e), bool(p)) for n, (b, e, p) in dict(walls).items()}
         captures = {}
-        for key, when in started.items():
+        for key, when in dict(started).items():
             step, _, replica = str(key).partition(":")
             captures[int(step), int(replica)] = int(when)
-        parts = []
-        for n, (seen, latencies, ends, max_s, last_end, slowest, replicas, stale) in steps.items():
-            part = _Step(seen=int(seen), max_s=float(max_s), last_end=int(last_end))
-            unpack(part.latencies, latencies)
-            unpack(part.ends, ends)
-            part.slowest = [
-                (float(lat), 0, rid, int(r), str(proc)) for lat, rid, r, proc in slowest
-            ]
-            for r, (requests, tokens, gated) in replicas.items():
-                counts = part.replicas[int(r)] = _Replica(int(requests), int(tokens))
-                unpack(counts.gated_begins, gated)
-            part.staleness = [float(v) for v in stale]
-            parts.append((int(n), part))
+        parts = [(int(n), _step_of(fields)) for n, fields in dict(steps).items()]
+        rollout_found, train_found = intervals(rollout), intervals(train)
+        busy_found = {int(r): intervals(pairs) for r, pairs in dict(busy).items()}
+        # Checked whole: now it counts.
         for n, (b, e, p) in checked.items():
             self.step(n, b, e, profiled=p)
         for key, when in captures.items():
             self.capture_started(*key, when)
-        self._rollout.add_plain(rollout)
-        self._train.add_plain(train)
-        for r, intervals in busy.items():
-            self._busy.setdefault(int(r), Union()).add_plain(intervals)
+        self._rollout.extend(rollout_found)
+        self._train.extend(train_found)
+        for r, found in busy_found.items():
+            self._busy.setdefault(r, Union()).extend(found)
         for n, part in parts:
             self._merge_step(n, part)
         # Many ledgers' intervals must not pile up unmerged, nor be merged over and over.

@@ -34,7 +34,7 @@ class LiveAccounting:
             return
         try:
             self._ledger.merge(plain)
-        except (TypeError, ValueError, KeyError) as exc:
+        except Exception as exc:  # not a ledger: merge checks it whole before it takes it
             if not self._lost:
                 self._lost = True
                 logger.warning("aprof accounting data lost", source=source, error=describe(exc))

@@ -51,7 +51,7 @@ def take_ledgers(root: str, manifest: Manifest, ledger: Ledger) -> tuple[set[str
         try:
             for plain in plains:
                 ledger.merge(plain)
-        except (TypeError, ValueError, KeyError) as exc:  # merge checks before it takes
+        except Exception as exc:  # not a ledger: merge checks it whole before it takes it
             notes.append(f"{folder / name}: not used ({describe(exc)})")
             continue
         covered.add(process)

@@ -315,7 +315,7 @@ class Hub:
             if report.ledger:
                 try:
                     waiting.ledger = combined(waiting.ledger, report.ledger, KEEP)
-                except (TypeError, ValueError, KeyError):  # not a ledger: the driver says so
+                except Exception:  # not a ledger: the driver says so as it merges it
                     waiting.ledger = report.ledger
         async with self._mail:
             self._mail.notify_all()

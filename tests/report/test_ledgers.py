@@ -13,10 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import aprof
 from aprof._accounting import StepAccount, ledger_file
-from aprof._report import accounting, collect
+from aprof._report import accounting, collect, dumps
 from aprof._timeline.writer_process import WriterProcess
 
 MakeConfig = Callable[..., aprof.ProfilerConfig]
@@ -156,3 +158,50 @@ async def test_a_ledger_that_cannot_be_appended_costs_no_timeline_write(
     found = accounting(prof.save_path)
     assert [(a.step, a.requests) for a in found.accounts] == [(1, 1), (2, 1), (3, 1)]
     assert len(found.notes) == 1 and squat.name in found.notes[0]
+
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=4), inner),
+    max_leaves=30,
+)
+
+
+@pytest.fixture(scope="module")
+def ledgered_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run with its ledgers (read only; each example copies it)."""
+    save_path = tmp_path_factory.mktemp("ledgered") / "profile"
+    config = aprof.load_config({"global_profiler": {"steps": [2], "save_path": str(save_path)}})
+    asyncio.run(_run(lambda: config))
+    return save_path
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ledger=_JSON, which=st.integers(0, 7), field=_JSON)
+def test_any_json_in_a_ledger_line_is_a_note_never_an_error(
+    ledgered_run: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    ledger: object,
+    which: int,
+    field: object,
+) -> None:
+    run = tmp_path_factory.mktemp("damaged") / "profile"
+    shutil.copytree(ledgered_run, run)
+    file = _ledgers(run)
+    lines = [json.loads(line) for line in file.read_text().splitlines()]
+    # The line that covers the listing keeps its part and count: only its ledger is hostile,
+    # whole, or one of its fields (a plain ledger is a list of six).
+    plain = lines[-1]["ledger"] or lines[0]["ledger"]
+    if which < 6 and isinstance(plain, list):
+        plain = [*plain[:which], field, *plain[which + 1 :]]
+    else:
+        plain = ledger
+    lines[-1]["ledger"] = plain
+    file.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    found = accounting(run)  # never raises
+    json.loads(dumps(found))  # and its JSON is valid, every number finite
+    assert all(file.name in note for note in found.notes)
