@@ -9,7 +9,7 @@ import itertools
 import math
 import random
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -185,6 +185,22 @@ class Ledger:
     def capture_started(self, step: int, replica: int, when_ns: int) -> None:
         """When replica ``replica``'s capture of ``step`` was active (its start had ended)."""
         self._started.setdefault((step, replica), when_ns)
+
+    def span(
+        self, begin_ns: int, end_ns: int, attrs: Mapping[str, object], step: int | None
+    ) -> None:
+        """A timeline span with its attrs, as the accounting reads one: a trainer stage when
+        its ``aprof`` attr is ``stage``; a trajectory's staleness when its ``staleness`` attr
+        is a finite number (no bool), counted in its ``step`` attr's step, else ``step``."""
+        if attrs.get("aprof") == STAGE:
+            self.stage(begin_ns, end_ns)
+        stale, used_in = attrs.get("staleness"), attrs.get("step", step)
+        if type(used_in) is not int:
+            return
+        if (type(stale) is int and abs(stale) < 1 << 53) or (
+            type(stale) is float and math.isfinite(stale)
+        ):
+            self.staleness(used_in, float(stale))
 
     def staleness(self, step: int, steps: float) -> None:
         """A trajectory the trainer used in ``step`` was admitted ``steps`` steps before."""

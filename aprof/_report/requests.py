@@ -10,7 +10,7 @@ from array import array
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from aprof._accounting import STAGE, Ledger
+from aprof._accounting import Ledger
 from aprof._report.clock import US, Earliest, interval, number
 from aprof._report.model import Distribution, Interval, distribution
 
@@ -82,8 +82,8 @@ class Requests:
             raise ValueError("no traceEvents list")
         begun = dict(self._open.get(process, {}))
         done: list[tuple[float, float, dict[str, Any]]] = []
-        stages: list[tuple[float, float]] = []
-        staleness: list[tuple[int, float]] = []
+        spans: list[tuple[float, float, dict[str, Any]]] = []
+        """Spans the accounting reads (stages, staleness): begin, end, args."""
         captures: dict[str, tuple[int, str]] = {}
         started: dict[tuple[int, str], float] = {}
         step_spans: dict[int, Interval] = {}
@@ -108,14 +108,11 @@ class Requests:
                     args = event.get("args")
                     if not isinstance(args, dict):
                         continue
-                    if args.get("aprof") == STAGE:
-                        begun[key] = (ts, _STAGE_ARGS)
-                    stale, step = number(args.get("staleness")), _integer(args.get("step"))
-                    if stale is not None and step is not None:
-                        staleness.append((step, stale))
+                    if "aprof" in args or "staleness" in args:
+                        begun[key] = (ts, args)
                 elif phase == "e" and key in begun:
-                    begin, _ = begun.pop(key)
-                    stages.append((begin, ts))
+                    begin, args = begun.pop(key)
+                    spans.append((begin, ts, args))
             elif cat == "request" and key is not None:
                 if phase == "b":
                     args = event.get("args")
@@ -151,10 +148,8 @@ class Requests:
         ledger = self.ledger
         for step, span, profiled in walls:
             ledger.step(step, span.begin_ns, span.end_ns, profiled=profiled)
-        for begin, end in stages:
-            ledger.stage(base + round(begin * 1000), base + round(end * 1000))
-        for step, stale in staleness:
-            ledger.staleness(step, stale)
+        for begin, end, args in spans:
+            ledger.span(base + round(begin * 1000), base + round(end * 1000), args, None)
         ledger.settle()
 
     def _account(
@@ -204,10 +199,6 @@ class Requests:
             span = replace(span, label=label, state=state)
             row = "requests" if replica is None else f"requests → replica_{replica}"
             self.spans.setdefault(step, Earliest()).add(row, span)
-
-
-_STAGE_ARGS: dict[str, Any] = {}
-"""What a stage span's begin is kept with: a stage span's args are not needed at its end."""
 
 
 def gated_waits(

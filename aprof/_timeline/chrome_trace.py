@@ -35,7 +35,7 @@ from json.encoder import encode_basestring_ascii as _quote
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-from aprof._accounting import STAGE, Ledger, ledger_file
+from aprof._accounting import Ledger, ledger_file
 from aprof._safe_files import append_file, move_aside, open_folder, replace_file
 from aprof._timeline.events import REQUEST, SPAN, STEP, WINDOW, Event
 
@@ -361,7 +361,8 @@ class ChromeTraceWriter:
                         f',\n{{"ph":"e",{same},"ts":{(end - base) // 1000}}}'
                     )
                     if "aprof" in attr_keys or "staleness" in attr_keys:
-                        self._account_span(begin, end, step, attr_keys, attr_values)
+                        attrs = dict(zip(attr_keys, attr_values, strict=True))
+                        ledger.span(begin + wall, end + wall, attrs, step)
                 else:
                     add(others[kind](event))
             yield "".join(out)
@@ -369,21 +370,6 @@ class ChromeTraceWriter:
     def _us(self, ns: int) -> int:
         # Whole microseconds since the clock anchor; with baseTimeNanoseconds that is wall time.
         return (ns - self._base) // 1000
-
-    def _account_span(
-        self,
-        begin: int,
-        end: int,
-        step: int | None,
-        keys: tuple[str, ...],
-        values: tuple[object, ...],
-    ) -> None:
-        attrs = dict(zip(keys, values, strict=True))
-        if attrs.get("aprof") == STAGE:
-            self._ledger.stage(begin + self._wall, end + self._wall)
-        stale, used_in = attrs.get("staleness"), attrs.get("step", step)
-        if isinstance(stale, int | float) and isinstance(used_in, int) and math.isfinite(stale):
-            self._ledger.staleness(used_in, stale)
 
     def _step(self, event: Event) -> str:
         _, begin, end, n, selected = event
