@@ -46,9 +46,22 @@ def read_regular(path: str | os.PathLike[str], limit: int, *, dir_fd: int | None
     """The bytes of the regular file ``path`` if it holds at most ``limit``.
 
     With ``dir_fd``, ``path`` is a name in that folder and a link there is not followed.
+    Raises what :func:`open_regular` raises, and ``FileTooLargeError``.
+    """
+    with open_regular(path, dir_fd=dir_fd) as file:
+        data = read_up_to(file.fileno(), os.fstat(file.fileno()).st_size, limit)
+    if len(data) > limit:
+        raise FileTooLargeError(errno.EFBIG, f"larger than {limit} bytes")
+    return data
+
+
+def open_regular(path: str | os.PathLike[str], *, dir_fd: int | None = None) -> BinaryIO:
+    """The regular file ``path``, open for reading (buffered).
+
+    With ``dir_fd``, ``path`` is a name in that folder and a link there is not followed.
     Raises ``NotRegularFileError`` (without waiting: a FIFO is not opened for a writer),
-    ``FileTooLargeError``, ``UnsafePathError`` for a link (with ``dir_fd``), other ``OSError``
-    when it cannot be read, and ``ValueError`` for a name holding a NUL.
+    ``UnsafePathError`` for a link (with ``dir_fd``), other ``OSError`` when it cannot be
+    opened, and ``ValueError`` for a name holding a NUL.
     """
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
     if dir_fd is not None:
@@ -66,12 +79,10 @@ def read_regular(path: str | os.PathLike[str], limit: int, *, dir_fd: int | None
         if not stat.S_ISREG(info.st_mode):
             kind = next((name for is_kind, name in _FILE_KINDS if is_kind(info.st_mode)), "?")
             raise NotRegularFileError(errno.EINVAL, f"not a regular file: {kind}")
-        data = read_up_to(fd, info.st_size, limit)
-    finally:
+    except BaseException:
         os.close(fd)
-    if len(data) > limit:
-        raise FileTooLargeError(errno.EFBIG, f"larger than {limit} bytes")
-    return data
+        raise
+    return open(fd, "rb")
 
 
 def read_up_to(fd: int, size: int, limit: int) -> bytes:

@@ -16,9 +16,11 @@ driver and agent-loop workers, each on its own monotonic clock (its own anchor).
   ``aprof="stage"``, as ``prof.stage`` records it), about 300 ms.
 
 Each process's events are written every ``WRITE_EVERY`` steps, as a live run writes them at its
-flushes, so a timeline passing 32 MiB is split into parts as a real one is. No step is
-profiled (no window): the report reads every timeline and builds the accounts, the part that
-grows with the run.
+flushes, so a timeline passing 32 MiB is split into parts as a real one is. Two steps are
+profiled (``PROFILED``: a trainer window each, listed in the manifest; they hold no trace), so
+the report builds their detail from the timeline parts holding them, and the accounts of every
+step, the part that grows with the run. Each run is also reported without its ledgers (moved
+aside: the report reads every timeline's JSON, as an older run's), side by side.
 
 Each run's ``aprof._report.accounting(save_path)`` (what ``aprof report --json`` and ``aprof
 status`` read: every step's account, from the timeline writers' ledgers) is timed in a fresh
@@ -52,8 +54,9 @@ from pathlib import Path
 from typing import Any
 
 import aprof
+from aprof._accounting.ledger import LEDGER_SUFFIX
 from aprof._manifest import Clock, TimelineFile
-from aprof._manifest.model import FILENAME, RunFile
+from aprof._manifest.model import FILENAME, STEPS_FOLDER, RunFile, StepFile, WindowRecord
 from aprof._timeline.chrome_trace import ChromeTraceWriter, part_name
 from aprof._timeline.events import REQUEST, SPAN, STEP, Event
 
@@ -66,6 +69,11 @@ S = 1_000_000_000
 
 def lognormal_ns(rng: random.Random, median_s: float, sigma: float) -> int:
     return round(median_s * math.exp(rng.gauss(0.0, sigma)) * S)
+
+
+def profiled(steps: int) -> set[int]:
+    """The steps with a window: an early one and the middle one."""
+    return {10, steps // 2}
 
 
 def plan(steps: int, processes: int, requests: int, seed: int) -> list[list[Event]]:
@@ -94,7 +102,7 @@ def plan(steps: int, processes: int, requests: int, seed: int) -> list[list[Even
         train_end = train_begin + lognormal_ns(rng, 0.3, 0.05)
         events[0].append((SPAN, "update_actor", train_begin, train_end, n, None, "aprof", "stage"))
         end = train_end + 2_000_000
-        events[0].append((STEP, begin, end, n, False))
+        events[0].append((STEP, begin, end, n, n in profiled(steps)))
         # The next step begins a second after this one, or at once after a slow one.
         begin = max(begin + S, end + 5_000_000)
     return events
@@ -144,8 +152,15 @@ def synthesize(root: Path, steps: int, processes: int, requests: int) -> tuple[i
                 )
             )
             total += written.bytes
+    run_id = "bench-report"
+    (root / STEPS_FOLDER).mkdir()
+    for n in profiled(steps):
+        window = WindowRecord(step=n, target="trainer", kind="role", tool="torch", state="done")
+        step_file = StepFile(run_id=run_id, step=n, windows=[window])
+        text = step_file.model_dump_json(by_alias=True)
+        (root / STEPS_FOLDER / f"step_{n}.json").write_text(text)
     run = RunFile(
-        run_id="bench-report",
+        run_id=run_id,
         clock=run_clock,
         save_path=str(root),
         timeline=listed,
@@ -177,6 +192,21 @@ import gc, json, resource, sys, time, tracemalloc
 from aprof._accounting import summary
 from aprof._report import accounting, collect
 root, trace, what = sys.argv[1], sys.argv[2] == "trace", sys.argv[3]
+
+
+def rss_peak():
+    # This process's own peak (VmHWM): Linux's ru_maxrss keeps, across fork and exec, the
+    # peak of the parent that spawned it (here, holding the synthesized run's events).
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 gc.collect()
 if trace:
     tracemalloc.start()
@@ -188,15 +218,19 @@ tracemalloc.stop()
 print(json.dumps({
     "seconds": seconds,
     "traced_peak": peak,
-    "rss_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    "rss_peak": rss_peak(),
     "problems": list(report.problems),
     "notes": list(report.notes),
     "accounts": len(report.accounts),
     "requests": sum(a.requests for a in report.accounts),
-    "unprofiled": (
-        report.latency_unprofiled.count
+    "run_wide": (
+        report.latency_unprofiled.count + report.latency_profiled.count
         if what == "collect"
         else sum(a.requests for a in report.accounts)
+    ),
+    "detail": sum(
+        s.latency_captured.count + s.latency_uncaptured.count
+        for s in (report.steps if what == "collect" else ())
     ),
     "anomalies": len(summary(report.accounts)["anomalies"]),
 }))
@@ -228,6 +262,8 @@ class Row:
     traced: int | None
     accounting_s: float
     accounting_rss: int
+    json_s: float
+    json_rss: int
 
 
 def run_length(tmp: Path, steps: int, args: argparse.Namespace) -> Row:
@@ -235,25 +271,35 @@ def run_length(tmp: Path, steps: int, args: argparse.Namespace) -> Row:
     made = time.perf_counter()
     requests, on_disk, parts = synthesize(root, steps, args.processes, args.requests)
     made = time.perf_counter() - made
-    timed = [measure(root, trace=False) for _ in range(args.repeat)]
-    for found in timed:  # the report read every step and request, else it measured nothing
-        assert not found["problems"], found["problems"]
-        assert found["accounts"] == steps, (found["accounts"], steps)
-        assert found["requests"] == found["unprofiled"] == requests, (found, requests)
+    detail = len(profiled(steps)) * args.processes * args.requests
+
+    def checked(found: dict[str, Any]) -> dict[str, Any]:
+        # The report read every step and request, else it measured nothing.
+        assert not found["problems"] and found["accounts"] == steps, found
+        assert found["requests"] == found["run_wide"] == requests, (found, requests)
+        return found
+
+    def best(what: str) -> dict[str, Any]:
+        timed = [checked(measure(root, trace=False, what=what)) for _ in range(args.repeat)]
+        return min(timed, key=lambda found: float(found["seconds"]))
+
+    report = best("collect")
+    assert report["detail"] == detail and not report["notes"], report
     traced = measure(root, trace=True) if steps <= args.trace_steps else None
-    best = min(timed, key=lambda found: float(found["seconds"]))
-    alone = min(
-        (measure(root, trace=False, what="accounting") for _ in range(args.repeat)),
-        key=lambda found: float(found["seconds"]),
-    )
+    alone = best("accounting")
     # From the timeline writers' ledgers, not the JSON: the same steps and requests.
-    assert not alone["notes"] and not alone["problems"], alone
-    assert (alone["accounts"], alone["requests"]) == (steps, requests), alone
+    assert not alone["notes"], alone
+    aside = root / "ledgers"
+    aside.mkdir()
+    for ledgers in (root / "timeline").glob(f"*{LEDGER_SUFFIX}"):
+        ledgers.rename(aside / ledgers.name)
+    whole = best("collect")  # every timeline's JSON, as an older run's
+    assert whole["detail"] == detail, whole
     print(
         f"{steps:,} steps: synthesized in {made:.1f} s ({on_disk / 2**20:.0f} MiB of gzip in "
-        f"{parts} timeline parts); report {best['seconds']:.1f} s, accounting alone "
-        f"{alone['seconds']:.2f} s, {best['anomalies']} "
-        f"anomalous steps; under tracemalloc "
+        f"{parts} timeline parts); report {report['seconds']:.1f} s (without the ledgers "
+        f"{whole['seconds']:.1f} s), accounting alone {alone['seconds']:.2f} s, "
+        f"{report['anomalies']} anomalous steps; under tracemalloc "
         f"{'-' if traced is None else format(traced['seconds'], '.1f') + ' s'}",
         file=sys.stderr,
         flush=True,
@@ -264,11 +310,13 @@ def run_length(tmp: Path, steps: int, args: argparse.Namespace) -> Row:
         requests,
         on_disk,
         parts,
-        float(best["seconds"]),
-        int(best["rss_peak"]),
+        float(report["seconds"]),
+        int(report["rss_peak"]),
         None if traced is None else int(traced["traced_peak"]),
         float(alone["seconds"]),
         int(alone["rss_peak"]),
+        float(whole["seconds"]),
+        int(whole["rss_peak"]),
     )
 
 
@@ -295,8 +343,8 @@ def main() -> None:
     took = time.perf_counter() - began
     print(
         f"`aprof._report.collect` of a synthesized run, each in a fresh process: "
-        f"{args.processes} processes, {args.requests} requests per process per step, no "
-        f"profiled step; Python {platform.python_version()}, {os.cpu_count()} CPUs, load "
+        f"{args.processes} processes, {args.requests} requests per process per step, two "
+        f"profiled steps; Python {platform.python_version()}, {os.cpu_count()} CPUs, load "
         f"average {os.getloadavg()[0]:.1f} at the end; {took:.0f} s in all. Seconds: best of "
         f"{args.repeat}, untraced; peak MiB: tracemalloc's peak in a traced report of its own; "
         "peak RSS: the untraced one's, Python and aprof included\n"
@@ -313,16 +361,18 @@ def main() -> None:
         f"| steps | requests | timeline gzip (parts) | seconds | s per 1,000 steps | peak MiB "
         f"| peak RSS MiB | time / {first.steps:,} steps "
         f"| memory / {first.steps:,} steps (tracemalloc / RSS) "
-        f"| accounting alone s | its peak RSS MiB |"
+        f"| accounting alone s | its peak RSS MiB "
+        f"| without the ledgers s | its peak RSS MiB | with / without |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         print(
             f"| {row.steps:,} | {row.requests:,} | {row.on_disk / 2**20:.0f} MiB ({row.parts}) "
             f"| {row.seconds:.2f} | {row.seconds / row.steps * 1000:.2f} | {mib(row.traced)} "
             f"| {mib(row.rss)} | {ratio(row.seconds, first.seconds)} "
             f"| {ratio(row.traced, first.traced)} / {ratio(row.rss, first.rss)} "
-            f"| {row.accounting_s:.2f} | {mib(row.accounting_rss)} |"
+            f"| {row.accounting_s:.2f} | {mib(row.accounting_rss)} "
+            f"| {row.json_s:.2f} | {mib(row.json_rss)} | {ratio(row.seconds, row.json_s)} |"
         )
 
 

@@ -84,7 +84,8 @@ def _step_of(fields: Any) -> _Step:
     part = _Step(seen=_count(seen), max_s=_finite(max_s), last_end=int(last_end))
     unpack(part.latencies, latencies)
     unpack(part.ends, ends)
-    if not all(math.isfinite(v) and v >= 0 for v in part.latencies):
+    # A sum is finite only when no value is NaN or infinite; then min() is exact.
+    if part.latencies and not (math.isfinite(sum(part.latencies)) and min(part.latencies) >= 0):
         raise ValueError("a latency that is not a finite number >= 0")
     if len(part.ends) != len(part.latencies) or len(part.latencies) > min(seen, MAX_VALUES):
         raise ValueError("latencies and ends do not match the requests")
@@ -97,6 +98,23 @@ def _step_of(fields: Any) -> _Step:
         unpack(counts.gated_begins, gated)
     part.staleness = [_finite(v, low=-math.inf) for v in list(stale)[:MAX_VALUES]]
     return part
+
+
+def _checked(plain: Any) -> Ledger:
+    """A ledger holding :meth:`Ledger.take`'s ``plain``, checked whole (raises otherwise)."""
+    walls, steps, rollout, train, busy, started = plain
+    found = Ledger()
+    found._walls = {int(n): (int(b), int(e), bool(p)) for n, (b, e, p) in dict(walls).items()}
+    for key, when in dict(started).items():
+        step, _, replica = str(key).partition(":")
+        found._started[int(step), int(replica)] = int(when)
+    found._steps = {int(n): _step_of(fields) for n, fields in dict(steps).items()}
+    found._rollout.extend(intervals(rollout))
+    found._train.extend(intervals(train))
+    for r, pairs in dict(busy).items():
+        found._busy[int(r)] = Union()
+        found._busy[int(r)].extend(intervals(pairs))
+    return found
 
 
 def ledger_file(process: str) -> str:
@@ -239,39 +257,37 @@ class Ledger:
             {r: u.plain() for r, u in self._busy.items()},
             {f"{s}:{r}": when for (s, r), when in self._started.items()},
         )
+        self._clear()
+        return plain
+
+    def _clear(self) -> None:
         self._walls, self._steps, self._started = {}, {}, {}
         self._rollout, self._train, self._busy = Union(), Union(), {}
-        return plain
 
     def merge(self, plain: Any) -> None:
         """Take in another ledger's :meth:`take`. Raises (``ValueError``, ``TypeError``,
         ``OverflowError``...) on anything else, a number that is not finite or a negative
         count among them, before taking any of it."""
-        if not plain:
-            return
-        walls, steps, rollout, train, busy, started = plain
-        checked = {int(n): (int(b), int(e), bool(p)) for n, (b, e, p) in dict(walls).items()}
-        captures = {}
-        for key, when in dict(started).items():
-            step, _, replica = str(key).partition(":")
-            captures[int(step), int(replica)] = int(when)
-        parts = [(int(n), _step_of(fields)) for n, fields in dict(steps).items()]
-        rollout_found, train_found = intervals(rollout), intervals(train)
-        busy_found = {int(r): intervals(pairs) for r, pairs in dict(busy).items()}
-        # Checked whole: now it counts.
-        for n, (b, e, p) in checked.items():
+        if plain:
+            self.absorb(_checked(plain))
+
+    def absorb(self, other: Ledger) -> None:
+        """Take in everything ``other`` holds; ``other`` is empty afterwards."""
+        for n, (b, e, p) in other._walls.items():
             self.step(n, b, e, profiled=p)
-        for key, when in captures.items():
+        for key, when in other._started.items():
             self.capture_started(*key, when)
-        self._rollout.extend(rollout_found)
-        self._train.extend(train_found)
-        for r, found in busy_found.items():
-            self._busy.setdefault(r, Union()).extend(found)
-        for n, part in parts:
+        other.settle()
+        self._rollout.extend(other._rollout.intervals())
+        self._train.extend(other._train.intervals())
+        for r, union in other._busy.items():
+            self._busy.setdefault(r, Union()).extend(union.intervals())
+        for n, part in other._steps.items():
             self._merge_step(n, part)
         # Many ledgers' intervals must not pile up unmerged, nor be merged over and over.
         for union in (self._rollout, self._train, *self._busy.values()):
             union.tidy()
+        other._clear()  # its parts are this ledger's now
 
     def _merge_step(self, n: int, part: _Step) -> None:
         mine = self._steps.get(n)
@@ -308,6 +324,19 @@ class Ledger:
         self.settle()
         both = self._rollout & self._train
         return self._account(n, *wall, both, self._steps.get(n))
+
+    def steps_held(self) -> set[int]:
+        """The steps this ledger holds anything of: a span, a request, a capture start."""
+        return {*self._walls, *self._steps, *(step for step, _ in self._started)}
+
+    def latencies(self) -> Iterator[tuple[int, array[float], int]]:
+        """Per step that admitted requests, in step order: the latencies kept (s; all of
+        them, or a uniform sample of ``MAX_VALUES`` when there were more) and how many
+        there were."""
+        for n in sorted(self._steps):
+            mine = self._steps[n]
+            if mine.seen:
+                yield n, mine.latencies, mine.seen
 
     def last_step(self) -> int | None:
         """The latest step with a span."""

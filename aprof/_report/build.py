@@ -8,7 +8,12 @@ be read is a problem line of the report, never an exception, and the rest is rep
 
 - **Request latency**: each ``request`` span of a timeline (its ``b`` and ``e`` paired by
   ``id2.local``), end minus begin. Per profiled step, split by the span's ``captured`` flag;
-  run-wide, the requests of profiled steps against those of the steps without a window.
+  run-wide, the requests of profiled steps against those of the steps without a window, from
+  the accounting's ledger (every step's latencies, or a uniform sample of a step's
+  ``MAX_VALUES`` when it had more).
+- **What is read**: where a process's timeline writer kept its ledgers beside the timeline
+  (``ledgers.py``), only the timeline parts holding a profiled step's requests, span or
+  capture start; else every part.
 - **Gated wait**: a gated request of replica ``r`` in step ``n`` waited from its begin until
   the ``starting`` slice of step ``n``'s ``capture replica_<r>`` span ended (the capture became
   active, or its start ended otherwise), at least 0. Placed by wall clock
@@ -33,15 +38,17 @@ be read is a problem line of the report, never an exception, and the rest is rep
 
 Percentiles are nearest-rank: the p-th of ``n`` sorted values is the ``ceil(p/100 * n)``-th,
 always one of the values. Memory: the values of one profiled step are kept (8 bytes each, in
-``array('d')``) until its report is made; the run-wide distributions keep their exact count and
-a uniform reservoir of at most ``RUN_VALUES`` values (800 kB each), from which their percentiles
-and sample come: exact up to ``RUN_VALUES`` requests, an estimate beyond (Algorithm R, seeded,
-so the same run gives the same report).
+``array('d')``) until its report is made; the ledger keeps every step's latencies and ends (16
+bytes a request, up to ``MAX_VALUES`` a step). The run-wide distributions keep their exact
+count and a uniform sample of at most ``RUN_VALUES`` values, from which their percentiles and
+sample come: exact up to ``RUN_VALUES`` requests, an estimate beyond (seeded, so the same run
+gives the same report).
 """
 
 from __future__ import annotations
 
 import os
+import random
 from array import array
 from collections import defaultdict
 from dataclasses import replace
@@ -50,10 +57,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 from aprof._accounting import BASELINE, FACTOR, Ledger, StepAccount
-from aprof._manifest import Manifest, WindowRecord, load_manifest
+from aprof._manifest import Manifest, TimelineFile, WindowRecord, load_manifest
 from aprof._report import traces
 from aprof._report.clock import MAX_NS, Earliest
-from aprof._report.ledgers import take_ledgers
+from aprof._report.ledgers import Writes, read_writes, take_ledgers
 from aprof._report.model import (
     Distribution,
     Interval,
@@ -65,6 +72,9 @@ from aprof._report.model import (
 )
 from aprof._report.requests import Requests, StepRequests, gated_waits
 from aprof._trace_json import read_trace_below, unreadable
+
+RUN_VALUES = 100_000
+"""The most values the run-wide latency distributions keep for their percentiles."""
 
 
 def report(save_path: str | os.PathLike[str], *, html: bool = True) -> RunReport:
@@ -100,9 +110,11 @@ def collect(save_path: str | os.PathLike[str]) -> RunReport:
         by_step[window.step].append(window)
     ledger = Ledger()
     requests = Requests(set(by_step), ledger)
-    requests.accounted, read_notes = take_ledgers(str(root), manifest, ledger)
+    taken = take_ledgers(str(root), manifest, ledger, set(by_step))
+    requests.accounted = taken.processes
     problems = [f"{n.text}" for n in manifest.notes if n.step is None]
-    problems += _read_timelines(root, manifest, requests)
+    problems += _read_timelines(root, manifest, requests, skip=taken.accounted)
+    problems += _read_writes(root, manifest, requests, taken.writes)
     stages = traces.stage_names(manifest)
     steps = tuple(_step_report(root, n, by_step[n], requests, stages) for n in sorted(by_step))
     for (step, target), when_us in requests.started_us.items():
@@ -114,19 +126,36 @@ def collect(save_path: str | os.PathLike[str]) -> RunReport:
         for n in manifest.notes
         if n.step is not None
     )
-    notes += tuple(read_notes)
+    notes += tuple(taken.notes)
     if not manifest.timeline:
         notes += ("no timeline in this run (timeline.enable: false?): no request latencies",)
+    profiled, unprofiled = _run_latencies(ledger, set(by_step))
     return RunReport(
         run_id=manifest.run_id,
         save_path=root,
         steps=steps,
-        latency_profiled=requests.profiled.distribution(),
-        latency_unprofiled=requests.unprofiled.distribution(),
+        latency_profiled=profiled,
+        latency_unprofiled=unprofiled,
         problems=tuple(problems),
         notes=notes,
         accounts=tuple(ledger.accounts(*_anomaly_rule(manifest))),
     )
+
+
+def _run_latencies(ledger: Ledger, profiled: set[int]) -> tuple[Distribution, Distribution]:
+    """The latencies of the requests of the steps in ``profiled``, and of the others."""
+    found = {True: (array("d"), [0]), False: (array("d"), [0])}
+    for step, values, seen in ledger.latencies():
+        kept, count = found[step in profiled]
+        kept.extend(values)
+        count[0] += seen
+    distributions = []
+    for kept, count in found.values():
+        if len(kept) > RUN_VALUES:  # a uniform sample; seeded, so a run gives one report
+            picked = random.Random(0).sample(range(len(kept)), RUN_VALUES)
+            kept = array("d", (kept[i] for i in picked))
+        distributions.append(distribution(kept, count[0]))
+    return distributions[0], distributions[1]
 
 
 def _anomaly_rule(manifest: Manifest) -> tuple[float, int]:
@@ -172,11 +201,12 @@ def accounting(save_path: str | os.PathLike[str]) -> Accounting:
     root = Path(save_path)
     manifest = load_manifest(root)
     ledger = Ledger()
-    covered, notes = take_ledgers(str(root), manifest, ledger)
-    requests = Requests({w.step for w in manifest.windows}, ledger)
-    requests.accounted = covered
+    taken = take_ledgers(str(root), manifest, ledger, set())
+    requests = Requests(set(), ledger)
+    requests.accounted = taken.processes
+    notes = taken.notes
     problems = [n.text for n in manifest.notes if n.step is None]
-    problems += _read_timelines(root, manifest, requests, skip=covered)
+    problems += _read_timelines(root, manifest, requests, skip=taken.accounted)
     if not manifest.timeline:
         notes.append("no timeline in this run (timeline.enable: false?): no request latencies")
     return Accounting(
@@ -189,10 +219,10 @@ def accounting(save_path: str | os.PathLike[str]) -> Accounting:
 
 
 def _read_timelines(
-    root: Path, manifest: Manifest, requests: Requests, *, skip: set[str] | None = None
+    root: Path, manifest: Manifest, requests: Requests, *, skip: set[str]
 ) -> list[str]:
-    """Every timeline part of the run into ``requests``, one at a time, but those of the
-    processes in ``skip``; the problems met."""
+    """Every timeline part of the run into ``requests``, one at a time, but the files in
+    ``skip``; the problems met."""
     problems = []
     for entry in manifest.timeline:
         if entry.dropped > 0:
@@ -200,14 +230,33 @@ def _read_timelines(
                 f"{entry.path}: {entry.dropped} timeline events dropped "
                 "(raise timeline.buffer_events)"
             )
-        if skip is not None and entry.process in skip:
-            continue
-        try:  # passed on, not kept: one input in memory at a time
-            requests.add_file(
-                read_trace_below(root, entry.path, traces.MAX_INPUT_BYTES), entry.process
-            )
-        except Exception as exc:  # a damaged timeline costs its own spans only
-            problems.append(f"{entry.path}: timeline unreadable: {unreadable(exc)}")
+        if entry.path not in skip:
+            problems += _read_timeline(root, entry, requests)
+    return problems
+
+
+def _read_timeline(root: Path, entry: TimelineFile, requests: Requests) -> list[str]:
+    try:  # passed on, not kept: one input in memory at a time
+        data = read_trace_below(root, entry.path, traces.MAX_INPUT_BYTES)
+        requests.add_file(data, entry.process)
+    except Exception as exc:  # a damaged timeline costs its own spans only
+        return [f"{entry.path}: timeline unreadable: {unreadable(exc)}"]
+    return []
+
+
+def _read_writes(
+    root: Path, manifest: Manifest, requests: Requests, writes: list[Writes]
+) -> list[str]:
+    """The writes of the accounted timelines that hold a profiled step into ``requests``,
+    one part at a time; a part whose writes are not where its ledgers say is read whole."""
+    problems = []
+    entries = {entry.path: entry for entry in manifest.timeline}
+    for found in writes:
+        entry = entries[found.path]
+        try:
+            requests.add_file(read_writes(str(root), found, traces.MAX_INPUT_BYTES), entry.process)
+        except Exception:  # the part changed since: its own JSON says what it holds
+            problems += _read_timeline(root, entry, requests)
     return problems
 
 

@@ -1,43 +1,17 @@
 """What the timelines give: the request spans, their latencies by step and by capture, the
-run-wide latency reservoirs, the gated requests' waits for their capture, and the steps' and
-requests' intervals on one clock. How each number is taken: :mod:`aprof._report`.
+gated requests' waits for their capture, and the steps' and requests' intervals on one clock.
+How each number is taken: :mod:`aprof._report`.
 """
 
 from __future__ import annotations
 
-import random
 from array import array
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aprof._accounting import Ledger
 from aprof._report.clock import US, Earliest, interval, number
-from aprof._report.model import Distribution, Interval, distribution
-
-RUN_VALUES = 100_000
-"""The most values the run-wide latency distributions keep for their percentiles."""
-
-
-class _Reservoir:
-    """Every value counted, at most ``size`` kept: a uniform sample of them (Algorithm R)."""
-
-    def __init__(self, size: int = RUN_VALUES) -> None:
-        self.size = size
-        self.count = 0
-        self.values = array("d")
-        self._random = random.Random(0)  # a sample, not a secret
-
-    def add(self, value: float) -> None:
-        self.count += 1
-        if len(self.values) < self.size:
-            self.values.append(value)
-            return
-        slot = self._random.randrange(self.count)
-        if slot < self.size:
-            self.values[slot] = value
-
-    def distribution(self) -> Distribution:
-        return distribution(self.values, self.count)
+from aprof._report.model import Interval
 
 
 @dataclass
@@ -60,8 +34,6 @@ class Requests:
         """Processes whose timelines' ledgers the ledger took already (``ledgers.py``): their
         timelines are not accounted again."""
         self.steps: dict[int, StepRequests] = {}
-        self.profiled = _Reservoir()
-        self.unprofiled = _Reservoir()
         self.spans: dict[int, Earliest] = {}
         """Per profiled step: its request spans, the earliest ``TIMELINE_ITEMS``."""
         self.step_spans: dict[int, Interval] = {}
@@ -178,12 +150,8 @@ class Requests:
         exactly (ns), when it is on the clock the report draws."""
         step = _integer(args.get("step"))
         latency = (end_us - begin_us) * US
-        if step is None or not latency >= 0:
+        if step not in self.profiled_steps or not latency >= 0:
             return
-        if step not in self.profiled_steps:
-            self.unprofiled.add(latency)
-            return
-        self.profiled.add(latency)
         mine = self.steps.setdefault(step, StepRequests())
         (mine.captured if args.get("captured") is True else mine.uncaptured).append(latency)
         replica = _integer(args.get("replica"))

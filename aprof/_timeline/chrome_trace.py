@@ -205,6 +205,8 @@ class ChromeTraceWriter:
                     if prefix is None:  # replaced over (a folder in the way fails the write)
                         stream, body = self._begin_again(body)
                 events = fresh if self._zip is None else self.written.events + fresh
+                # Where this write's events lie in the file: after the prefix kept.
+                at = (0 if prefix is None else self.written.bytes - self._tail, sum(map(len, body)))
                 ending = stream.copy()
                 foot = self._foot(events, dropped + self._lost).encode()
                 tail = ending.compress(foot) + ending.flush(zlib.Z_FINISH)
@@ -212,7 +214,7 @@ class ChromeTraceWriter:
                     move_aside(folder, name)
                     self._claimed = True
                 size: int = replace_file(folder, name, itertools.chain(prefix or (), body, (tail,)))
-                self._keep_ledger(folder, self.written.part, events)
+                self._keep_ledger(folder, self.written.part, events, at)
             finally:
                 os.close(folder)
         except BaseException:
@@ -225,17 +227,29 @@ class ChromeTraceWriter:
         self.written = Written(size, events, dropped + self._lost, self.written.part)
         return size
 
-    def _keep_ledger(self, folder: int, part: int, events: int) -> None:
+    def _keep_ledger(self, folder: int, part: int, events: int, at: tuple[int, int]) -> None:
         """This write's ledger, for :meth:`take_ledger` and appended to the ledgers' file
-        (``{"part", "events", "ledger"}``, one JSON line per write: the report reads it
-        instead of the timeline when its last line names the part and event count the
-        manifest lists). A failed append ends the file's appends, never the write."""
+        (``{"part", "events", "at", "base", "ledger"}``, one JSON line per write: the report
+        reads it instead of the timeline when its last line names the part and event count
+        the manifest lists). ``at``: the offset and length in the part of this write's
+        compressed events, which decompress on their own (raw deflate; from offset 0, the
+        gzip member with the trace's head); ``base``: their clock's
+        ``baseTimeNanoseconds``. A failed append ends the file's appends, never the write."""
         plain = self._ledger.take()
         self._taken.append(plain)
         name = self._ledger_file
         if name is None:
             return
-        line = json.dumps({"part": part, "events": events, "ledger": plain}, separators=(",", ":"))
+        line = json.dumps(
+            {
+                "part": part,
+                "events": events,
+                "at": at,
+                "base": self._clock.wall_ns,
+                "ledger": plain,
+            },
+            separators=(",", ":"),
+        )
         try:
             if not self._ledger_claimed:  # an earlier run's file of that name
                 move_aside(folder, name)

@@ -6,6 +6,7 @@ timelines, with a note, when they are damaged, cut short, a link or do not cover
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import os
 import shutil
@@ -18,7 +19,9 @@ from hypothesis import strategies as st
 
 import aprof
 from aprof._accounting import StepAccount, ledger_file
+from aprof._manifest.model import StepFile, WindowRecord
 from aprof._report import accounting, collect, dumps
+from aprof._report.ledgers import Writes, read_writes
 from aprof._timeline.writer_process import WriterProcess
 
 MakeConfig = Callable[..., aprof.ProfilerConfig]
@@ -60,8 +63,8 @@ def _same(left: tuple[StepAccount, ...], right: tuple[StepAccount, ...]) -> None
 
 
 def _ledgers(save_path: Path) -> Path:
-    (entry,) = aprof.load_manifest(save_path).timeline
-    return save_path / "timeline" / ledger_file(entry.process)
+    (process,) = {entry.process for entry in aprof.load_manifest(save_path).timeline}
+    return save_path / "timeline" / ledger_file(process)
 
 
 def _from_timelines(save_path: Path, tmp_path: Path) -> tuple[StepAccount, ...]:
@@ -205,3 +208,83 @@ def test_any_json_in_a_ledger_line_is_a_note_never_an_error(
     found = accounting(run)  # never raises
     json.loads(dumps(found))  # and its JSON is valid, every number finite
     assert all(file.name in note for note in found.notes)
+
+
+async def test_the_report_reads_only_the_timeline_parts_of_profiled_steps(
+    make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A part per write (the writer thread: the limit is patched in this process), step 3 the
+    # profiled one (a role window, as the manifest lists one).
+    monkeypatch.setattr(WriterProcess, "shared", classmethod(lambda cls: None))
+    monkeypatch.setattr("aprof._timeline.chrome_trace._PART_BYTES", 1)
+    save_path = await _run(make_config, steps=6)
+    listing = json.loads((save_path / "manifest.json").read_text())
+    window = WindowRecord(step=3, target="trainer", kind="role", tool="torch", state="done")
+    step_file = StepFile(run_id=listing["run_id"], step=3, windows=[window])
+    (save_path / "manifest").mkdir(exist_ok=True)
+    (save_path / "manifest" / "step_3.json").write_text(step_file.model_dump_json(by_alias=True))
+    parts = [entry["path"] for entry in listing["timeline"]]
+    assert len(parts) >= 6
+    whole = collect(save_path)
+    (step,) = whole.steps
+    assert step.latency_uncaptured.count == 4 and whole.problems == ()
+
+    # Every part but those holding step 3 damaged: the ledgers say all the report needs.
+    lines = [json.loads(line) for line in _ledgers(save_path).read_text().splitlines()]
+    holding = {
+        line["part"]
+        for line in lines
+        if line["ledger"] and "3" in {**line["ledger"][0], **line["ledger"][1]}
+    }
+    assert 0 < len(holding) < len(parts)
+    for k, path in enumerate(parts, start=1):
+        if k not in holding:
+            (save_path / path).write_bytes(b"not a timeline")
+    found = collect(save_path)
+    assert found.problems == () and found.notes == ()
+    assert found.steps == whole.steps
+    _same(found.accounts, whole.accounts)
+    assert found.latency_unprofiled == whole.latency_unprofiled
+    assert found.latency_unprofiled.count == 5 * 4
+
+    # Without the ledgers, each of those parts is read, and found damaged.
+    _ledgers(save_path).unlink()
+    unread = collect(save_path).problems
+    assert len(unread) == len(parts) - len(holding)
+    assert all("timeline unreadable" in problem for problem in unread)
+
+
+async def test_each_ledger_line_says_where_its_write_lies_in_the_part(
+    make_config: MakeConfig, tmp_path: Path
+) -> None:
+    save_path = await _run(make_config, steps=5)
+    (entry,) = aprof.load_manifest(save_path).timeline
+    lines = [json.loads(line) for line in _ledgers(save_path).read_text().splitlines()]
+    assert len(lines) >= 5 and lines[0]["at"][0] == 0 and lines[1]["at"][0] > 0
+    whole = json.loads(gzip.decompress((save_path / entry.path).read_bytes()))
+    # Write by write, and all at once (consecutive writes are read as one), the part's events.
+    found: list[object] = []
+    for line in lines:
+        one = Writes(entry.path, line["base"], [tuple(line["at"])])
+        data = read_writes(str(save_path), one, 1 << 30)
+        assert data["baseTimeNanoseconds"] == whole["baseTimeNanoseconds"]
+        found += data["traceEvents"]
+    assert found == whole["traceEvents"]
+    every = Writes(entry.path, lines[0]["base"], [tuple(line["at"]) for line in lines])
+    assert read_writes(str(save_path), every, 1 << 30)["traceEvents"] == found
+
+    # A part rewritten since (recompressed: the same events elsewhere) is read whole.
+    window = WindowRecord(step=3, target="trainer", kind="role", tool="torch", state="done")
+    run_id = aprof.load_manifest(save_path).run_id
+    (save_path / "manifest").mkdir(exist_ok=True)
+    (save_path / "manifest" / "step_3.json").write_text(
+        StepFile(run_id=run_id, step=3, windows=[window]).model_dump_json(by_alias=True)
+    )
+    expected = collect(save_path)
+    assert expected.steps[0].latency_uncaptured.count == 4
+    part = save_path / entry.path
+    part.write_bytes(gzip.compress(gzip.decompress(part.read_bytes()), compresslevel=9))
+    with pytest.raises(ValueError):
+        read_writes(str(save_path), every, 1 << 30)
+    again = collect(save_path)
+    assert again.steps == expected.steps and again.problems == ()

@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import aprof
-from aprof._report import StepReport, collect, render
+from aprof._accounting import Ledger
+from aprof._report import StepReport, build, collect, render
 from aprof._report import clock as _report_clock
 from aprof._report.model import SAMPLE, Interval, distribution
-from aprof._report.requests import _Reservoir
 from aprof._report.text import WIDTH
 
 pytest.importorskip("torch")  # the demo's servers and trainer run torch
@@ -184,7 +184,9 @@ def test_timeline_problems_are_the_run_s(run: Path) -> None:
     (run / entry["path"]).unlink()
     report = collect(run)
     assert f"{entry['path']}: timeline unreadable: missing" in report.problems
-    assert report.latency_profiled.count == 0 and report.steps[0].latency_captured.count == 0
+    # The step's detail is the timeline's; the run-wide counts, the ledgers' beside it.
+    assert report.steps[0].latency_captured.count == 0
+    assert report.latency_profiled.count == collect(run).latency_profiled.count > 0
     # Without the timeline the capture's start is unknown: no gated wait, nor a made-up one.
     assert report.steps[0].gated_wait.count == 0
     assert report.steps[0].iterations["replica_0"].count == 8
@@ -333,14 +335,29 @@ def test_percentiles_are_nearest_rank_and_the_sample_is_bounded() -> None:
     assert list(many.sample) == sorted(many.sample)
 
 
-def test_the_run_wide_distributions_keep_a_bounded_reservoir() -> None:
-    reservoir = _Reservoir(size=100)
-    for value in range(10_000):
-        reservoir.add(float(value))
-    assert reservoir.count == 10_000 and len(reservoir.values) == 100
-    found = reservoir.distribution()
-    assert found.count == 10_000
-    assert found.p50 is not None and 2_500 < found.p50 < 7_500  # a uniform sample's median
+def test_the_run_wide_distributions_keep_a_bounded_sample(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(build, "RUN_VALUES", 100)
+    ledger = Ledger()
+    for step in range(1, 101):  # 100 requests a step, latencies 1 ms ... 10 s
+        for i in range(100):
+            latency_ns = ((step - 1) * 100 + i + 1) * 1_000_000
+            ledger.request(
+                0,
+                latency_ns,
+                step=step,
+                replica=0,
+                request_id=None,
+                tokens=0,
+                gated=False,
+                process="p",
+            )
+    profiled, unprofiled = build._run_latencies(ledger, {1, 2})
+    assert profiled.count == 200 and unprofiled.count == 9_800
+    assert len(unprofiled.sample) <= 100 and profiled.p99 is not None
+    assert unprofiled.p50 is not None and 2.5 < unprofiled.p50 < 7.5  # a uniform sample's
+    assert build._run_latencies(ledger, {1, 2}) == (profiled, unprofiled)  # seeded
 
 
 def test_the_demo_goes_on_when_the_report_cannot_be_made(
@@ -416,8 +433,10 @@ def test_each_step_on_one_clock_has_its_windows_requests_forward_steps_and_ranks
             # The worker's clock and the driver's agree (one host): inside the window.
             assert window.started_ns - 50_000_000 <= forward[0].begin_ns
             assert forward[-1].end_ns <= window.stopped_ns + 50_000_000
+            # Drawn: begin and end each rounded to the ns; the duration is the trace's own.
             durations = sorted((i.end_ns - i.begin_ns) / 1e9 for i in forward)
-            assert durations == pytest.approx(sorted(step.iterations[f"replica_{replica}"].sample))
+            sample = sorted(step.iterations[f"replica_{replica}"].sample)
+            assert durations == pytest.approx(sample, abs=2e-9)
         (stage,) = rows["trainer · rank 0"].items
         assert stage.label == "update_policy"
         assert (stage.end_ns - stage.begin_ns) / 1e9 == pytest.approx(
