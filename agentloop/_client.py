@@ -217,6 +217,7 @@ class LLMClient:
             async with self.prof.request(replica=replica, request_id=request_id) as req:
                 answer = await self._send(replica, payload, request_id)
                 req.forward(tokens=answer.completion_tokens or 0)
+                req.prompt_tokens = answer.prompt_tokens or 0
             step, gated, captured = req.step, req.gated, req.captured
         self.balancer.succeeded(replica)
         return Completion(

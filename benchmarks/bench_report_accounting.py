@@ -96,7 +96,19 @@ def plan(steps: int, processes: int, requests: int, seed: int) -> list[list[Even
                 last = max(last, end)
                 tokens = max(1, round(rng.gauss(100, 20)))
                 mine.append(
-                    (REQUEST, start, end, i % 4, f"req-{n}-{p}-{i}", n, False, False, tokens, None)
+                    (
+                        REQUEST,
+                        start,
+                        end,
+                        i % 4,
+                        f"req-{n}-{p}-{i}",
+                        n,
+                        False,
+                        False,
+                        tokens,
+                        200,
+                        None,
+                    )
                 )
         train_begin = last + 5_000_000
         train_end = train_begin + lognormal_ns(rng, 0.3, 0.05)

@@ -30,9 +30,11 @@ class ReplicaAccount:
     requests: int
     """Requests the step admitted to it."""
     tokens: int
-    """Their tokens, as their clients reported them (``req.forward(tokens=...)``)."""
+    """The tokens they generated, as their clients reported them (``req.forward(tokens=...)``)."""
+    prompt_tokens: int
+    """Their prompts' tokens, where their clients knew them (``req.prompt_tokens``)."""
     tokens_per_s: float | None
-    """``tokens / busy_s``; ``None`` without tokens or busy time."""
+    """``tokens / busy_s`` (generated tokens); ``None`` without tokens or busy time."""
     gated_wait_s: float
     """Summed over its gated requests: from each one's start until its capture was active."""
 
@@ -129,6 +131,7 @@ class StepAccount:
                     "busy_s": r.busy_s,
                     "requests": r.requests,
                     "tokens": r.tokens,
+                    "prompt_tokens": r.prompt_tokens,
                     "tokens_per_s": r.tokens_per_s,
                     "gated_wait_s": r.gated_wait_s,
                 }

@@ -46,6 +46,7 @@ STAGE = "stage"
 class _Replica:
     requests: int = 0
     tokens: int = 0
+    prompt_tokens: int = 0
     gated_begins: array[int] = field(default_factory=lambda: array("q"))
 
 
@@ -93,8 +94,9 @@ def _step_of(fields: Any) -> _Step:
         (_finite(lat), 0, rid if isinstance(rid, str) else None, int(r), str(proc))
         for lat, rid, r, proc in list(slowest)[:SLOWEST]
     ]
-    for r, (requests, tokens, gated) in dict(replicas).items():
-        counts = part.replicas[int(r)] = _Replica(_count(requests), _count(tokens))
+    for r, (requests, tokens, prompt_tokens, gated) in dict(replicas).items():
+        counts = _Replica(_count(requests), _count(tokens), _count(prompt_tokens))
+        part.replicas[int(r)] = counts
         unpack(counts.gated_begins, gated)
     part.staleness = [_finite(v, low=-math.inf) for v in list(stale)[:MAX_VALUES]]
     return part
@@ -156,10 +158,12 @@ class Ledger:
         replica: int,
         request_id: str | None,
         tokens: int,
+        prompt_tokens: int,
         gated: bool,
         process: str,
     ) -> None:
-        """One request span; ``step``: the step it was admitted in."""
+        """One request span; ``step``: the step it was admitted in; ``tokens``: those it
+        generated, ``prompt_tokens``: its prompt's (0: not known)."""
         if end_ns < begin_ns:
             return
         self._rollout.add(begin_ns, end_ns)
@@ -193,6 +197,7 @@ class Ledger:
             counts = mine.replicas[replica] = _Replica()
         counts.requests += 1
         counts.tokens += max(0, tokens)
+        counts.prompt_tokens += max(0, prompt_tokens)
         if gated:
             counts.gated_begins.append(begin_ns)
 
@@ -244,7 +249,10 @@ class Ledger:
                 m.max_s,
                 m.last_end,
                 [entry[:1] + entry[2:] for entry in m.slowest],
-                {r: (c.requests, c.tokens, packed(c.gated_begins)) for r, c in m.replicas.items()},
+                {
+                    r: (c.requests, c.tokens, c.prompt_tokens, packed(c.gated_begins))
+                    for r, c in m.replicas.items()
+                },
                 list(m.staleness),
             )
             for n, m in self._steps.items()
@@ -312,6 +320,7 @@ class Ledger:
             have = mine.replicas.setdefault(r, _Replica())
             have.requests += counts.requests
             have.tokens += counts.tokens
+            have.prompt_tokens += counts.prompt_tokens
             have.gated_begins.extend(counts.gated_begins)
         mine.staleness.extend(part.staleness[: MAX_VALUES - len(mine.staleness)])
 
@@ -436,6 +445,7 @@ class Ledger:
                     busy_s=busy,
                     requests=counts.requests,
                     tokens=counts.tokens,
+                    prompt_tokens=counts.prompt_tokens,
                     tokens_per_s=counts.tokens / busy if counts.tokens and busy > 0 else None,
                     gated_wait_s=waited,
                 )

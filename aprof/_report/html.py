@@ -743,7 +743,10 @@ def replica_busy(drawn: Sequence[StepAccount]) -> go.Figure | str:
 
 def _busy_hover(replica: ReplicaAccount) -> str:
     rate = "-" if replica.tokens_per_s is None else f"{replica.tokens_per_s:.1f}"
-    return f"requests: {replica.requests}<br>tokens/s: {rate}"
+    return (
+        f"requests: {replica.requests}<br>tokens: {replica.tokens} generated, "
+        f"{replica.prompt_tokens} of prompts<br>tokens/s: {rate}"
+    )
 
 
 def _profiled_links(accounts: Sequence[StepAccount], detailed: set[int]) -> str:

@@ -132,6 +132,7 @@ class Requests:
             return
         request_id = args.get("request_id")
         tokens = _integer(args.get("tokens"))
+        prompt_tokens = _integer(args.get("prompt_tokens"))
         self.ledger.request(
             base + round(begin * 1000),
             base + round(end * 1000),
@@ -139,6 +140,7 @@ class Requests:
             replica=replica,
             request_id=request_id if isinstance(request_id, str) else None,
             tokens=tokens or 0,
+            prompt_tokens=prompt_tokens or 0,
             gated=args.get("gated") is True,
             process=process,
         )

@@ -1038,6 +1038,7 @@ typedef struct {
     PyObject *request_id;
     PyObject *step;
     long long tokens;
+    long long prompt_tokens;
     int64_t begin;
     char gated;
     char captured;
@@ -1065,6 +1066,7 @@ request_make(PyObject *gate, PyObject *recorder, PyObject *replica, PyObject *re
     self->request_id = Py_NewRef(request_id);
     self->step = Py_NewRef(Py_None);
     self->tokens = 0;
+    self->prompt_tokens = 0;
     self->begin = 0;
     self->gated = 0;
     self->captured = 0;
@@ -1109,19 +1111,20 @@ request_dealloc(Request *self)
     PyObject_Free(self);
 }
 
-/* (REQUEST, begin_ns, end_ns, replica, request_id, step, gated, captured, tokens, note), of
-   plain values. */
+/* (REQUEST, begin_ns, end_ns, replica, request_id, step, gated, captured, tokens,
+   prompt_tokens, note), of plain values. */
 static int
 put_request(Recorder *rec, Request *self, int64_t end, PyObject *replica, PyObject *request_id,
             PyObject *step, PyObject *note)
 {
-    return put_tuple_head(rec, 10) < 0 || put_int64(rec, KIND_REQUEST) < 0 ||
+    return put_tuple_head(rec, 11) < 0 || put_int64(rec, KIND_REQUEST) < 0 ||
                    put_int64(rec, self->begin) < 0 || put_int64(rec, end) < 0 ||
                    put_value(rec, replica) < 0 || put_value(rec, request_id) < 0 ||
                    put_value(rec, step) < 0 ||
                    put_byte(rec, self->gated ? M_TRUE : M_FALSE) < 0 ||
                    put_byte(rec, self->captured ? M_TRUE : M_FALSE) < 0 ||
-                   put_int64(rec, self->tokens) < 0 || put_value(rec, note) < 0
+                   put_int64(rec, self->tokens) < 0 ||
+                   put_int64(rec, self->prompt_tokens) < 0 || put_value(rec, note) < 0
                ? -1
                : 0;
 }
@@ -1271,6 +1274,43 @@ request_forward(Request *self, PyObject *const *args, Py_ssize_t nargs, PyObject
 }
 
 static PyObject *
+request_get_prompt_tokens(Request *self, void *closure)
+{
+    return PyLong_FromLongLong(self->prompt_tokens);
+}
+
+/* `req.prompt_tokens = n`: an int (no bool), >= 0, of 64 bits; the last one set counts. */
+static int
+request_set_prompt_tokens(Request *self, PyObject *value, void *closure)
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "cannot delete prompt_tokens");
+        return -1;
+    }
+    if (!PyLong_Check(value) || PyBool_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "prompt_tokens must be an int, not %.200s",
+                     Py_TYPE(value)->tp_name);
+        return -1;
+    }
+    int overflow;
+    long long n = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (n == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    /* Beyond 64 bits, n is -1 and overflow says which way. */
+    if (overflow > 0) {
+        PyErr_SetString(PyExc_OverflowError, "prompt_tokens must fit in 64 bits");
+        return -1;
+    }
+    if (overflow < 0 || n < 0) {
+        PyErr_SetString(PyExc_ValueError, "prompt_tokens must be >= 0");
+        return -1;
+    }
+    self->prompt_tokens = n;
+    return 0;
+}
+
+static PyObject *
 request_repr(Request *self)
 {
     return PyUnicode_FromFormat("Request(replica=%R, request_id=%R, step=%R, gated=%s, "
@@ -1310,6 +1350,12 @@ static PyMemberDef request_members[] = {
     {NULL},
 };
 
+static PyGetSetDef request_getset[] = {
+    {"prompt_tokens", (getter)request_get_prompt_tokens, (setter)request_set_prompt_tokens,
+     "The request's prompt, in tokens, when the client knows it (0: not known).", NULL},
+    {NULL},
+};
+
 static PyTypeObject Request_Type = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "aprof.Request",
@@ -1326,6 +1372,7 @@ static PyTypeObject Request_Type = {
         "happened. The request is one timeline span, recorded when it ends.",
     .tp_methods = request_methods,
     .tp_members = request_members,
+    .tp_getset = request_getset,
     .tp_new = request_new,
     .tp_vectorcall = request_vectorcall,
 };

@@ -322,10 +322,24 @@ class ChromeTraceWriter:
             for event in piece:
                 kind = event[0]
                 if kind == REQUEST:
-                    _, begin, end, replica, request_id, step, gated, captured, tokens, note = event
+                    (
+                        _,
+                        begin,
+                        end,
+                        replica,
+                        request_id,
+                        step,
+                        gated,
+                        captured,
+                        tokens,
+                        prompt,
+                        note,
+                    ) = event
                     extra = ""
                     if tokens:
                         extra = f',"tokens":{tokens}'
+                    if prompt:
+                        extra += f',"prompt_tokens":{prompt}'
                     if note is not None:
                         extra += f',"note":{_quote(note)}'
                     same = (
@@ -346,6 +360,7 @@ class ChromeTraceWriter:
                         replica=replica,
                         request_id=request_id if isinstance(request_id, str) else None,
                         tokens=tokens,
+                        prompt_tokens=prompt,
                         gated=gated,
                         process=process,
                     )

@@ -22,7 +22,8 @@ SPAN: Final = 0
 """``(SPAN, name, begin_ns, end_ns, step, note, *keys, *values)``: a ``prof.span`` and its
 attrs, flat."""
 REQUEST: Final = 1
-"""``(REQUEST, begin_ns, end_ns, replica, request_id, step, gated, captured, tokens, note)``."""
+"""``(REQUEST, begin_ns, end_ns, replica, request_id, step, gated, captured, tokens,
+prompt_tokens, note)``."""
 STEP: Final = 2
 """``(STEP, begin_ns, end_ns, n, selected)``: one global step."""
 WINDOW: Final = 3

@@ -219,6 +219,7 @@ class Request:
         "_captured",
         "_gate",
         "_gated",
+        "_prompt_tokens",
         "_recorder",
         "_replica",
         "_request_id",
@@ -239,6 +240,7 @@ class Request:
         self._request_id = request_id
         self._step: int | None = None
         self._tokens = 0
+        self._prompt_tokens = 0
         self._begin = 0
         self._gated = False
         self._captured = False
@@ -262,6 +264,22 @@ class Request:
     def tokens(self) -> int:
         """Tokens reported through :meth:`forward`."""
         return self._tokens
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The request's prompt, in tokens, when the client knows it (0: not known)."""
+        return self._prompt_tokens
+
+    @prompt_tokens.setter
+    def prompt_tokens(self, value: int) -> None:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"prompt_tokens must be an int, not {type(value).__name__}")
+        n = int.__index__(value)  # an int subclass's own value, whatever it overrides
+        if n < 0:
+            raise ValueError("prompt_tokens must be >= 0")
+        if n not in _INT64:
+            raise OverflowError("prompt_tokens must fit in 64 bits")
+        self._prompt_tokens = n
 
     @property
     def gated(self) -> bool:
@@ -347,6 +365,7 @@ class Request:
                 self._gated,
                 self._captured,
                 self._tokens,
+                self._prompt_tokens,
                 why,
             )
         )

@@ -9,7 +9,7 @@ own ``generate`` (with its ``@rollout_trace_op``) is not replaced.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Sized
 from typing import Any
 
 from verl.workers.rollout.llm_server import LLMServerClient
@@ -133,8 +133,12 @@ class _ProfiledGenerate:
         request_id = kwargs.get("request_id")
         async with self._profiler.request(
             replica=self._replica, request_id=None if request_id is None else str(request_id)
-        ):
-            return await self._server.generate.remote(*args, **kwargs)
+        ) as req:
+            answer = await self._server.generate.remote(*args, **kwargs)
+            # verl's generate takes the prompt's ids and answers with the generated ones.
+            req.prompt_tokens = _length(kwargs.get("prompt_ids"))
+            req.forward(tokens=_length(getattr(answer, "token_ids", None)))
+            return answer
 
 
 def profiled(
@@ -151,6 +155,11 @@ def profiled(
     wrapped.__dict__.update(client.__dict__)  # made by the client's own constructor
     wrapped._aprof_setup(profiler, replicas, "agent_loop_worker")
     return wrapped
+
+
+def _length(ids: object) -> int:
+    """How many token ids ``ids`` holds; 0 when it is no sequence of them."""
+    return len(ids) if isinstance(ids, Sized) and not isinstance(ids, str | bytes) else 0
 
 
 def _indexed(addresses: Sequence[str]) -> dict[str, int]:

@@ -107,6 +107,13 @@ async def test_each_call_counts_in_the_window_of_the_replica_verl_picked(
             assert window.requests.admitted == by_server[url]
             assert window.requests.gated >= 1  # the request that opened the window waited
             assert len(targets[replica].starts) == 1
+    # The tokens verl's calls carried and got back reach the accounting.
+    step_1, step_2 = aprof.report(tmp_path, html=False).accounts
+    for account in (step_1, step_2):
+        assert sum(r.requests for r in account.replicas) == REQUESTS
+        assert sum(r.prompt_tokens for r in account.replicas) == REQUESTS * len(encode("hello"))
+    generated = sum(len(out.token_ids) for out in answered)
+    assert generated > 0 and sum(r.tokens for r in step_1.replicas) == generated
 
 
 async def test_a_server_outside_replicas_goes_unprofiled(urls: list[str], tmp_path: Path) -> None:

@@ -62,6 +62,12 @@ async def test_requests_admitted_while_a_window_starts_wait_and_are_marked_gated
         turn = traj.turns[0].completion
         assert (turn.step, turn.gated, turn.captured) == (1, True, True)
     assert len(server.received) == 4
+    # The usage the server answered with, on the request: the accounting has it.
+    (account,) = aprof.report(prof.save_path, html=False).accounts
+    (replica,) = account.replicas
+    completions = [t.turns[0].completion for t in trajs]
+    assert replica.prompt_tokens == sum(c.prompt_tokens or 0 for c in completions) > 0
+    assert replica.tokens == sum(c.completion_tokens or 0 for c in completions) > 0
     assert_windows(
         prof.manifest,
         [{"step": 1, "target": "replica_0", "state": "done", "requests.gated": 4,

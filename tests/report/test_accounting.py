@@ -24,6 +24,7 @@ def _request(
     replica: int = 0,
     request_id: str | None = None,
     tokens: int = 0,
+    prompt_tokens: int = 0,
     gated: bool = False,
     process: str = "driver",
 ) -> None:
@@ -34,6 +35,7 @@ def _request(
         replica=replica,
         request_id=request_id,
         tokens=tokens,
+        prompt_tokens=prompt_tokens,
         gated=gated,
         process=process,
     )
@@ -104,12 +106,12 @@ def test_the_tail_begins_when_nine_in_ten_requests_have_ended() -> None:
 def test_tokens_and_gated_waits_per_replica() -> None:
     ledger = Ledger()
     ledger.step(3, 0, 10 * S, profiled=True)
-    _request(ledger, 1, 3, step=3, tokens=100, gated=True)
-    _request(ledger, 2, 5, step=3, tokens=50, gated=True)
-    _request(ledger, 6, 7, step=3, tokens=-4)  # a negative count is no tokens
+    _request(ledger, 1, 3, step=3, tokens=100, prompt_tokens=20, gated=True)
+    _request(ledger, 2, 5, step=3, tokens=50, prompt_tokens=7, gated=True)
+    _request(ledger, 6, 7, step=3, tokens=-4, prompt_tokens=-1)  # a negative count is none
     ledger.capture_started(3, 0, round(2.5 * S))
     (r,) = _one(ledger).replicas
-    assert (r.requests, r.tokens, r.busy_s) == (3, 150, 5)
+    assert (r.requests, r.tokens, r.prompt_tokens, r.busy_s) == (3, 150, 27, 5)
     assert r.tokens_per_s == 30
     assert r.gated_wait_s == pytest.approx(1.5 + 0.5)
 
@@ -174,9 +176,8 @@ def test_the_json_has_the_names_dashboards_read() -> None:
         doc["requests"]
     )
     assert {"request_id", "replica", "latency_s"} <= set(doc["requests"]["slowest"][0])
-    assert {"replica", "busy_s", "requests", "tokens", "tokens_per_s", "gated_wait_s"} <= set(
-        doc["replicas"][0]
-    )
+    replica = {"replica", "busy_s", "requests", "tokens", "prompt_tokens", "tokens_per_s"}
+    assert replica | {"gated_wait_s"} <= set(doc["replicas"][0])
     assert doc["anomaly"] is None
 
 
@@ -205,6 +206,7 @@ def test_phases_match_a_tick_by_tick_count(
                 replica=0,
                 request_id=None,
                 tokens=0,
+                prompt_tokens=0,
                 gated=False,
                 process="p",
             )

@@ -350,6 +350,7 @@ def test_the_run_wide_distributions_keep_a_bounded_sample(
                 replica=0,
                 request_id=None,
                 tokens=0,
+                prompt_tokens=0,
                 gated=False,
                 process="p",
             )

@@ -157,7 +157,8 @@ def account(
         estimated=False,
         slowest=(Slow(slowest, 1, rollout / 1.8, "driver-1"),),
         replicas=tuple(
-            ReplicaAccount(r, b, 24, 384, 384 / b if b else None, 0.0) for r, b in enumerate(busy)
+            ReplicaAccount(r, b, 24, 384, 960, 384 / b if b else None, 0.0)
+            for r, b in enumerate(busy)
         ),
         imbalance=None,
         staleness=None,
@@ -475,7 +476,9 @@ def test_the_busy_time_heat_map_has_a_row_per_replica_and_a_column_per_step() ->
     assert list(heat.x) == [1, 2, 3, 4, 5, 6, 7]
     assert list(heat.y) == ["replica_0", "replica_1", "replica_2"]
     assert [row[4] for row in heat.z] == [9.5, 2.0, None]  # step 5: replica_1 waited
-    assert heat.z[2][6] == 1.0 and heat.text[0][4] == "requests: 24<br>tokens/s: 40.4"
+    assert heat.z[2][6] == 1.0 and heat.text[0][4] == (
+        "requests: 24<br>tokens: 384 generated, 960 of prompts<br>tokens/s: 40.4"
+    )
     assert "busy: %{z:.3f} s" in heat.hovertemplate
     no_requests = [account(1, 2.0, rollout=0.0, train=1.0, busy=())]
     assert replica_busy(no_requests) == "no replica had a request in flight in any step"

@@ -748,7 +748,7 @@ async def test_forward_adds_up_tokens_and_checks_its_argument(impl: Impl) -> Non
 async def test_request_flags_are_bools_and_its_identity_is_read_only(impl: Impl) -> None:
     async with impl.Request(gate(impl, 1), None, 0, "r1") as req:
         assert (req.replica, req.request_id, req.step) == (0, "r1", 1)
-        assert (req.gated, req.captured, req.tokens) == (False, False, 0)
+        assert (req.gated, req.captured, req.tokens, req.prompt_tokens) == (False, False, 0, 0)
         with pytest.raises(TypeError):
             req.gated = 1  # type: ignore[assignment]
         with pytest.raises(TypeError):
@@ -764,7 +764,7 @@ async def test_request_flags_are_bools_and_its_identity_is_read_only(impl: Impl)
 
 
 @both
-async def test_a_request_records_replica_id_step_flags_tokens_and_note(
+async def test_a_request_records_replica_id_step_flags_tokens_prompt_and_note(
     impl: Impl,
     make_config: MakeConfig,
 ) -> None:
@@ -776,12 +776,13 @@ async def test_a_request_records_replica_id_step_flags_tokens_and_note(
             before = time.monotonic_ns()
             async with prof.request(replica=0, request_id="r1") as req:
                 req.forward(tokens=5)
+                req.prompt_tokens = 12
                 req.captured = True
             after = time.monotonic_ns()
             [(kind, begin, end, *rest)] = taken(prof._timeline.recorder)
             assert kind == REQUEST
             assert before <= begin <= end <= after
-            assert rest == [0, "r1", 1, False, True, 5, None]
+            assert rest == [0, "r1", 1, False, True, 5, 12, None]
 
             rec = recorder(impl)
             own = impl.Request(gate(impl, prof.current_step), rec, 2, None)
@@ -792,10 +793,74 @@ async def test_a_request_records_replica_id_step_flags_tokens_and_note(
                     raise Planned
             assert own not in rec.open
             [(kind, begin, end, *rest)] = taken(rec)
-            assert (kind, rest) == (REQUEST, [2, None, 1, True, False, 2**40, "Planned"])
+            assert (kind, rest) == (REQUEST, [2, None, 1, True, False, 2**40, 0, "Planned"])
         async with prof.request(replica=1) as outside:
             pass
         assert outside.step is None
+
+
+class _Prompt(int):
+    """An int subclass that overrides what it can: the request keeps its int value."""
+
+    def __index__(self) -> int:
+        raise AssertionError("__index__ was called")
+
+    def __lt__(self, other: object) -> bool:
+        raise AssertionError("__lt__ was called")
+
+
+@both
+@pytest.mark.parametrize(
+    ("value", "error", "message"),
+    [
+        (True, TypeError, "prompt_tokens must be an int, not bool"),
+        (False, TypeError, "prompt_tokens must be an int, not bool"),
+        ("3", TypeError, "prompt_tokens must be an int, not str"),
+        (3.0, TypeError, "prompt_tokens must be an int, not float"),
+        (None, TypeError, "prompt_tokens must be an int, not NoneType"),
+        (-1, ValueError, "prompt_tokens must be >= 0"),
+        (-(2**63), ValueError, "prompt_tokens must be >= 0"),
+        (-(2**70), ValueError, "prompt_tokens must be >= 0"),
+        (2**63, OverflowError, "prompt_tokens must fit in 64 bits"),
+        (2**70, OverflowError, "prompt_tokens must fit in 64 bits"),
+    ],
+)
+def test_prompt_tokens_refuses_what_is_not_an_int_of_64_bits_at_least_0(
+    impl: Impl, value: object, error: type[Exception], message: str
+) -> None:
+    """The same error and words from both recorders; the value before stays."""
+    req = impl.Request(gate(impl), None, 0, "r1")
+    req.prompt_tokens = 4
+    with pytest.raises(error, match=f"^{message}$"):
+        req.prompt_tokens = value
+    assert req.prompt_tokens == 4
+    with pytest.raises(AttributeError):
+        del req.prompt_tokens
+    assert req.prompt_tokens == 4
+
+
+@both
+async def test_prompt_tokens_defaults_to_0_and_the_last_set_is_recorded(impl: Impl) -> None:
+    rec = recorder(impl)
+    async with impl.Request(gate(impl, 3), rec, 0, "unknown") as req:
+        assert req.prompt_tokens == 0
+    async with impl.Request(gate(impl, 3), rec, 1, "known") as req:
+        req.prompt_tokens = 2**63 - 1
+        req.prompt_tokens = 0
+        req.prompt_tokens = 17  # the last set counts
+        req.forward(5)
+        assert (req.prompt_tokens, req.tokens) == (17, 5)
+    async with impl.Request(gate(impl), rec, 2, "subclass") as req:
+        req.prompt_tokens = _Prompt(2**63 - 1)
+        assert type(req.prompt_tokens) is int
+    unknown, known, subclass = taken(rec)
+    assert len(unknown) == len(known) == len(subclass) == 11
+    assert (unknown[0], unknown[8:]) == (REQUEST, (0, 0, None))
+    assert (known[0], known[4], known[8], known[9], known[10]) == (REQUEST, "known", 5, 17, None)
+    assert same(subclass[9], 2**63 - 1)
+    off = impl.Request(gate(impl), None, 0, "off")  # the timeline off: kept all the same
+    off.prompt_tokens = 9
+    assert off.prompt_tokens == 9
 
 
 @both
@@ -811,7 +876,7 @@ async def test_a_request_ended_at_close_is_recorded_once(impl: Impl) -> None:
     assert (kind, end, rest) == (
         REQUEST,
         2**40,
-        [0, "left open", None, False, False, 0, OPEN_AT_CLOSE],
+        [0, "left open", None, False, False, 0, 0, OPEN_AT_CLOSE],
     )
     assert rec.open == set()
 
@@ -841,7 +906,7 @@ async def test_a_gate_that_raises_ends_the_request_once_with_the_exception_type(
             assert req not in prof._timeline.recorder.open
             req._end(time.monotonic_ns(), "again")
             requests = [e for e in taken(prof._timeline.recorder) if e[0] == REQUEST]
-            assert [e[3:] for e in requests] == [("[0]", "bad", 1, False, False, 0, "TypeError")]
+            assert [e[3:] for e in requests] == [("[0]", "bad", 1, False, False, 0, 0, "TypeError")]
 
 
 async def test_a_gated_request_whose_capture_fails_in_strict_mode_ends_once(
@@ -861,7 +926,7 @@ async def test_a_gated_request_whose_capture_fails_in_strict_mode_ends_once(
             assert req not in prof._timeline.recorder.open
             assert (req.gated, req.captured) == (True, False)
             requests = [e for e in taken(prof._timeline.recorder) if e[0] == REQUEST]
-            assert [e[3:] for e in requests] == [(0, "gated", 1, True, False, 0, "CaptureError")]
+            assert [e[3:] for e in requests] == [(0, "gated", 1, True, False, 0, 0, "CaptureError")]
 
 
 # -- 6. constructor and call errors --------------------------------------------------------
