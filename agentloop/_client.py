@@ -161,8 +161,12 @@ class LLMClient:
         stop: str | Sequence[str] = (),
         prefer: int | None = None,
         request_id: str | None = None,
+        trajectory: str | None = None,
+        turn: int | None = None,
     ) -> Completion:
-        """Complete ``prompt``, on replica ``prefer`` while it is up (else the least busy one).
+        """Complete ``prompt``, on replica ``prefer`` while it is up (else the least busy one);
+        ``trajectory`` and ``turn`` name the agent-loop run and turn it is, on the profiler's
+        timeline.
 
         ``prompt`` is text, or token IDs (sent as ``prompt`` in the openai API, as
         ``input_ids`` in the sglang one). Raises :class:`LLMError` when the request fails,
@@ -188,7 +192,9 @@ class LLMClient:
             replica = self.balancer.acquire(prefer=prefer, exclude=refused)
             assert replica is not None  # some replica has not refused yet
             try:
-                return await self._attempt(replica, payload, request_id, tuple(refused))
+                return await self._attempt(
+                    replica, payload, request_id, tuple(refused), (trajectory, turn)
+                )
             except LLMError as exc:
                 self._log.warning(
                     "completion request failed", request_id=request_id, error=str(exc)
@@ -209,12 +215,14 @@ class LLMClient:
         payload: dict[str, Any],
         request_id: str | None,
         refused: tuple[int, ...],
+        turn_of: tuple[str | None, int | None],
     ) -> Completion:
         if self.prof is None:
             answer = await self._send(replica, payload, request_id)
             step, gated, captured = None, False, False
         else:
             async with self.prof.request(replica=replica, request_id=request_id) as req:
+                req.trajectory, req.turn = turn_of
                 answer = await self._send(replica, payload, request_id)
                 req.forward(tokens=answer.completion_tokens or 0)
                 req.prompt_tokens = answer.prompt_tokens or 0

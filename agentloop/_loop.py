@@ -100,6 +100,8 @@ class AgentLoop(ABC):
             stop=self.stop,
             prefer=traj.replica,
             request_id=f"{traj.id}-t{index}",
+            trajectory=traj.id,
+            turn=index,
         )
         turn = Turn(index=index, completion=completion)
         traj.turns.append(turn)

@@ -107,6 +107,8 @@ def plan(steps: int, processes: int, requests: int, seed: int) -> list[list[Even
                         False,
                         tokens,
                         200,
+                        f"traj-{n}-{p}-{i}",
+                        0,
                         None,
                     )
                 )

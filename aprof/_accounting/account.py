@@ -18,6 +18,10 @@ class Slow:
     replica: int
     latency_s: float
     process: str
+    trajectory: str | None = None
+    """The agent-loop run it is a turn of, when its client said (``req.trajectory``)."""
+    turn: int | None = None
+    """Which turn of it (0: the first), when its client said (``req.turn``)."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,8 @@ class StepAccount:
                         "replica": s.replica,
                         "latency_s": s.latency_s,
                         "process": s.process,
+                        "trajectory": s.trajectory,
+                        "turn": s.turn,
                     }
                     for s in self.slowest
                 ],

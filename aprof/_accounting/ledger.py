@@ -59,7 +59,11 @@ class _Step:
     ends: array[int] = field(default_factory=lambda: array("q"))
     max_s: float = 0.0
     last_end: int = 0
-    slowest: list[tuple[float, int, str | None, int, str]] = field(default_factory=list)
+    slowest: list[tuple[float, int, str | None, int, str, str | None, int | None]] = field(
+        default_factory=list
+    )
+    """The slowest requests, a heap: latency, order taken (ties), request id, replica,
+    process, trajectory, turn."""
     replicas: dict[int, _Replica] = field(default_factory=dict)
     staleness: list[float] = field(default_factory=list)
 
@@ -91,8 +95,16 @@ def _step_of(fields: Any) -> _Step:
     if len(part.ends) != len(part.latencies) or len(part.latencies) > min(seen, MAX_VALUES):
         raise ValueError("latencies and ends do not match the requests")
     part.slowest = [
-        (_finite(lat), 0, rid if isinstance(rid, str) else None, int(r), str(proc))
-        for lat, rid, r, proc in list(slowest)[:SLOWEST]
+        (
+            _finite(lat),
+            0,
+            rid if isinstance(rid, str) else None,
+            int(r),
+            str(proc),
+            traj if isinstance(traj, str) else None,
+            turn if type(turn) is int else None,
+        )
+        for lat, rid, r, proc, traj, turn in list(slowest)[:SLOWEST]
     ]
     for r, (requests, tokens, prompt_tokens, gated) in dict(replicas).items():
         counts = _Replica(_count(requests), _count(tokens), _count(prompt_tokens))
@@ -161,9 +173,12 @@ class Ledger:
         prompt_tokens: int,
         gated: bool,
         process: str,
+        trajectory: str | None = None,
+        turn: int | None = None,
     ) -> None:
         """One request span; ``step``: the step it was admitted in; ``tokens``: those it
-        generated, ``prompt_tokens``: its prompt's (0: not known)."""
+        generated, ``prompt_tokens``: its prompt's (0: not known); ``trajectory`` and
+        ``turn``: the agent-loop run and turn it is, when known."""
         if end_ns < begin_ns:
             return
         self._rollout.add(begin_ns, end_ns)
@@ -187,7 +202,7 @@ class Ledger:
                 mine.latencies[slot], mine.ends[slot] = latency, end_ns
         mine.max_s = max(mine.max_s, latency)
         mine.last_end = max(mine.last_end, end_ns)
-        entry = (latency, next(self._order), request_id, replica, process)
+        entry = (latency, next(self._order), request_id, replica, process, trajectory, turn)
         if len(mine.slowest) < SLOWEST:
             heapq.heappush(mine.slowest, entry)
         elif latency > mine.slowest[0][0]:
@@ -310,8 +325,8 @@ class Ledger:
         mine.ends.extend(part.ends[:room])
         mine.max_s = max(mine.max_s, part.max_s)
         mine.last_end = max(mine.last_end, part.last_end)
-        for latency, _, rid, r, proc in part.slowest:
-            entry = (latency, next(self._order), rid, r, proc)
+        for latency, _, rid, r, proc, trajectory, turn in part.slowest:
+            entry = (latency, next(self._order), rid, r, proc, trajectory, turn)
             if len(mine.slowest) < SLOWEST:
                 heapq.heappush(mine.slowest, entry)
             elif latency > mine.slowest[0][0]:
@@ -471,8 +486,10 @@ class Ledger:
             tail_share=share,
             estimated=mine.seen > len(mine.latencies),
             slowest=tuple(
-                Slow(rid, replica, latency, process)
-                for latency, _, rid, replica, process in sorted(mine.slowest, reverse=True)
+                Slow(rid, replica, latency, process, trajectory, turn)
+                for latency, _, rid, replica, process, trajectory, turn in sorted(
+                    mine.slowest, reverse=True
+                )
             ),
             replicas=tuple(replicas),
             imbalance=imbalance,

@@ -788,6 +788,9 @@ def _tail_row(account: StepAccount, detailed: set[int]) -> str:
     if account.slowest:
         s = account.slowest[0]
         slowest = f"{_e(s.request_id or '-')} · replica_{s.replica} · {_duration(s.latency_s)}"
+        if s.trajectory is not None:
+            turn = "" if s.turn is None else f" turn {s.turn}"
+            slowest += f" · trajectory {_e(s.trajectory)}{turn}"
     note = "profiled" if account.profiled else ""
     if account.anomaly is not None:
         note = f"anomalous: {anomaly_mark(account.anomaly)}"

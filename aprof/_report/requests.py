@@ -133,6 +133,7 @@ class Requests:
         request_id = args.get("request_id")
         tokens = _integer(args.get("tokens"))
         prompt_tokens = _integer(args.get("prompt_tokens"))
+        trajectory = args.get("trajectory")
         self.ledger.request(
             base + round(begin * 1000),
             base + round(end * 1000),
@@ -141,6 +142,8 @@ class Requests:
             request_id=request_id if isinstance(request_id, str) else None,
             tokens=tokens or 0,
             prompt_tokens=prompt_tokens or 0,
+            trajectory=trajectory if isinstance(trajectory, str) else None,
+            turn=_integer(args.get("turn")),
             gated=args.get("gated") is True,
             process=process,
         )

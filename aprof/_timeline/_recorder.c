@@ -1039,12 +1039,16 @@ typedef struct {
     PyObject *step;
     long long tokens;
     long long prompt_tokens;
+    PyObject *trajectory; /* None or an exact str of at most M_TRAJECTORY characters */
+    long long turn;       /* -1: None */
     int64_t begin;
     char gated;
     char captured;
 } Request;
 
 static PyTypeObject Request_Type;
+
+#define M_TRAJECTORY 256 /* the longest trajectory, in characters */
 
 static PyObject *
 request_make(PyObject *gate, PyObject *recorder, PyObject *replica, PyObject *request_id)
@@ -1067,6 +1071,8 @@ request_make(PyObject *gate, PyObject *recorder, PyObject *replica, PyObject *re
     self->step = Py_NewRef(Py_None);
     self->tokens = 0;
     self->prompt_tokens = 0;
+    self->trajectory = Py_NewRef(Py_None);
+    self->turn = -1;
     self->begin = 0;
     self->gated = 0;
     self->captured = 0;
@@ -1108,23 +1114,28 @@ request_dealloc(Request *self)
     Py_DECREF(self->replica);
     Py_DECREF(self->request_id);
     Py_DECREF(self->step);
+    Py_XDECREF(self->trajectory);
     PyObject_Free(self);
 }
 
 /* (REQUEST, begin_ns, end_ns, replica, request_id, step, gated, captured, tokens,
-   prompt_tokens, note), of plain values. */
+   prompt_tokens, trajectory, turn, note), of plain values; trajectory and turn None when
+   not set. */
 static int
 put_request(Recorder *rec, Request *self, int64_t end, PyObject *replica, PyObject *request_id,
-            PyObject *step, PyObject *note)
+            PyObject *step, PyObject *trajectory, PyObject *note)
 {
-    return put_tuple_head(rec, 11) < 0 || put_int64(rec, KIND_REQUEST) < 0 ||
+    return put_tuple_head(rec, 13) < 0 || put_int64(rec, KIND_REQUEST) < 0 ||
                    put_int64(rec, self->begin) < 0 || put_int64(rec, end) < 0 ||
                    put_value(rec, replica) < 0 || put_value(rec, request_id) < 0 ||
                    put_value(rec, step) < 0 ||
                    put_byte(rec, self->gated ? M_TRUE : M_FALSE) < 0 ||
                    put_byte(rec, self->captured ? M_TRUE : M_FALSE) < 0 ||
                    put_int64(rec, self->tokens) < 0 ||
-                   put_int64(rec, self->prompt_tokens) < 0 || put_value(rec, note) < 0
+                   put_int64(rec, self->prompt_tokens) < 0 ||
+                   put_value(rec, trajectory) < 0 ||
+                   (self->turn < 0 ? put_byte(rec, M_NONE) : put_int64(rec, self->turn)) < 0 ||
+                   put_value(rec, note) < 0
                ? -1
                : 0;
 }
@@ -1144,17 +1155,21 @@ request_end(Request *self, int64_t end, PyObject *note)
     }
     PyObject *replica = plain(self->replica, 1), *request_id = plain(self->request_id, 1);
     PyObject *step = plain(self->step, 1), *why = plain(note, 1);
+    /* Plain already; held, as on_full (or a str() above) may set another. */
+    PyObject *trajectory = Py_NewRef(self->trajectory);
     int done = -1;
     if (replica != NULL && request_id != NULL && step != NULL && why != NULL) {
         int fits = reserve(rec);
         Py_ssize_t mark = rec->size;
-        done = fits == 1
-                   ? finish(rec, mark, put_request(rec, self, end, replica, request_id, step, why))
-                   : fits;
+        done = fits == 1 ? finish(rec, mark,
+                                  put_request(rec, self, end, replica, request_id, step,
+                                              trajectory, why))
+                         : fits;
     }
     Py_XDECREF(replica);
     Py_XDECREF(request_id);
     Py_XDECREF(step);
+    Py_DECREF(trajectory);
     Py_XDECREF(why);
     return done;
 }
@@ -1311,6 +1326,85 @@ request_set_prompt_tokens(Request *self, PyObject *value, void *closure)
 }
 
 static PyObject *
+request_get_trajectory(Request *self, void *closure)
+{
+    return Py_NewRef(self->trajectory);
+}
+
+/* `req.trajectory = t`: a str (of a subclass, kept as a plain str) of at most M_TRAJECTORY
+   characters, or None; the last one set counts. */
+static int
+request_set_trajectory(Request *self, PyObject *value, void *closure)
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "cannot delete trajectory");
+        return -1;
+    }
+    if (value != Py_None && !PyUnicode_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "trajectory must be a str or None, not %.200s",
+                     Py_TYPE(value)->tp_name);
+        return -1;
+    }
+    /* A subclass's own characters, whatever it overrides: no code of its runs. */
+    PyObject *text = value == Py_None ? Py_NewRef(value) : PyUnicode_FromObject(value);
+    if (text == NULL) {
+        return -1;
+    }
+    if (text != Py_None && PyUnicode_GET_LENGTH(text) > M_TRAJECTORY) {
+        Py_DECREF(text);
+        PyErr_Format(PyExc_ValueError, "trajectory must be at most %d characters",
+                     M_TRAJECTORY);
+        return -1;
+    }
+    Py_SETREF(self->trajectory, text);
+    return 0;
+}
+
+static PyObject *
+request_get_turn(Request *self, void *closure)
+{
+    if (self->turn < 0) {
+        Py_RETURN_NONE;
+    }
+    return PyLong_FromLongLong(self->turn);
+}
+
+/* `req.turn = n`: an int (no bool), >= 0, of 64 bits, or None; the last one set counts. */
+static int
+request_set_turn(Request *self, PyObject *value, void *closure)
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "cannot delete turn");
+        return -1;
+    }
+    if (value == Py_None) {
+        self->turn = -1;
+        return 0;
+    }
+    if (!PyLong_Check(value) || PyBool_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "turn must be an int or None, not %.200s",
+                     Py_TYPE(value)->tp_name);
+        return -1;
+    }
+    int overflow;
+    long long n = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (n == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    /* Beyond 64 bits, n is -1 and overflow says which way. */
+    if (overflow > 0) {
+        PyErr_SetString(PyExc_OverflowError, "turn must fit in 64 bits");
+        return -1;
+    }
+    if (overflow < 0 || n < 0) {
+        PyErr_SetString(PyExc_ValueError, "turn must be >= 0");
+        return -1;
+    }
+    self->turn = n;
+    return 0;
+}
+
+static PyObject *
 request_repr(Request *self)
 {
     return PyUnicode_FromFormat("Request(replica=%R, request_id=%R, step=%R, gated=%s, "
@@ -1353,6 +1447,12 @@ static PyMemberDef request_members[] = {
 static PyGetSetDef request_getset[] = {
     {"prompt_tokens", (getter)request_get_prompt_tokens, (setter)request_set_prompt_tokens,
      "The request's prompt, in tokens, when the client knows it (0: not known).", NULL},
+    {"trajectory", (getter)request_get_trajectory, (setter)request_set_trajectory,
+     "The trajectory (agent-loop run) the request is a turn of, when the client knows it.",
+     NULL},
+    {"turn", (getter)request_get_turn, (setter)request_set_turn,
+     "Which turn of its trajectory the request is (0: the first), when the client knows it.",
+     NULL},
     {NULL},
 };
 

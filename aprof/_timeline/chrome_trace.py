@@ -322,24 +322,17 @@ class ChromeTraceWriter:
             for event in piece:
                 kind = event[0]
                 if kind == REQUEST:
-                    (
-                        _,
-                        begin,
-                        end,
-                        replica,
-                        request_id,
-                        step,
-                        gated,
-                        captured,
-                        tokens,
-                        prompt,
-                        note,
-                    ) = event
+                    _, begin, end, replica, request_id, step, gated, captured = event[:8]
+                    tokens, prompt, trajectory, turn, note = event[8:]
                     extra = ""
                     if tokens:
                         extra = f',"tokens":{tokens}'
                     if prompt:
                         extra += f',"prompt_tokens":{prompt}'
+                    if trajectory is not None:
+                        extra += f',"trajectory":{_quote(trajectory)}'
+                    if turn is not None:
+                        extra += f',"turn":{turn}'
                     if note is not None:
                         extra += f',"note":{_quote(note)}'
                     same = (
@@ -363,6 +356,8 @@ class ChromeTraceWriter:
                         prompt_tokens=prompt,
                         gated=gated,
                         process=process,
+                        trajectory=trajectory,
+                        turn=turn,
                     )
                 elif kind == SPAN:
                     name, begin, end, step, note = event[1:6]

@@ -23,7 +23,8 @@ SPAN: Final = 0
 attrs, flat."""
 REQUEST: Final = 1
 """``(REQUEST, begin_ns, end_ns, replica, request_id, step, gated, captured, tokens,
-prompt_tokens, note)``."""
+prompt_tokens, trajectory, turn, note)``; ``trajectory`` and ``turn`` are ``None`` when the
+client did not say them."""
 STEP: Final = 2
 """``(STEP, begin_ns, end_ns, n, selected)``: one global step."""
 WINDOW: Final = 3

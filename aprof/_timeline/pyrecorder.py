@@ -26,6 +26,8 @@ DEPTH: Final = 8
 """Tuples nested this deep in an event (the event is depth 0) are recorded as their str()."""
 
 _INT64: Final = range(-(2**63), 2**63)
+_TRAJECTORY: Final = 256
+"""The longest trajectory, in characters (``M_TRAJECTORY`` in C)."""
 _PLAIN: Final = frozenset({type(None), bool, int, float, str})
 """The types recorded as they are, tuples aside."""
 
@@ -225,6 +227,8 @@ class Request:
         "_request_id",
         "_step",
         "_tokens",
+        "_trajectory",
+        "_turn",
     )
 
     def __init__(
@@ -241,6 +245,8 @@ class Request:
         self._step: int | None = None
         self._tokens = 0
         self._prompt_tokens = 0
+        self._trajectory: str | None = None
+        self._turn: int | None = None
         self._begin = 0
         self._gated = False
         self._captured = False
@@ -280,6 +286,40 @@ class Request:
         if n not in _INT64:
             raise OverflowError("prompt_tokens must fit in 64 bits")
         self._prompt_tokens = n
+
+    @property
+    def trajectory(self) -> str | None:
+        """The trajectory (agent-loop run) the request is a turn of, when the client knows it."""
+        return self._trajectory
+
+    @trajectory.setter
+    def trajectory(self, value: str | None) -> None:
+        if value is not None:
+            if not isinstance(value, str):
+                raise TypeError(f"trajectory must be a str or None, not {type(value).__name__}")
+            value = str.__str__(value)  # a str subclass's own characters, as a plain str
+            if len(value) > _TRAJECTORY:
+                raise ValueError(f"trajectory must be at most {_TRAJECTORY} characters")
+        self._trajectory = value
+
+    @property
+    def turn(self) -> int | None:
+        """Which turn of its trajectory the request is (0: the first), when the client knows it."""
+        return self._turn
+
+    @turn.setter
+    def turn(self, value: int | None) -> None:
+        if value is None:
+            self._turn = None
+            return
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"turn must be an int or None, not {type(value).__name__}")
+        n = int.__index__(value)  # an int subclass's own value, whatever it overrides
+        if n < 0:
+            raise ValueError("turn must be >= 0")
+        if n not in _INT64:
+            raise OverflowError("turn must fit in 64 bits")
+        self._turn = n
 
     @property
     def gated(self) -> bool:
@@ -366,6 +406,8 @@ class Request:
                 self._captured,
                 self._tokens,
                 self._prompt_tokens,
+                self._trajectory,
+                self._turn,
                 why,
             )
         )

@@ -68,6 +68,8 @@ async def test_requests_admitted_while_a_window_starts_wait_and_are_marked_gated
     completions = [t.turns[0].completion for t in trajs]
     assert replica.prompt_tokens == sum(c.prompt_tokens or 0 for c in completions) > 0
     assert replica.tokens == sum(c.completion_tokens or 0 for c in completions) > 0
+    # Each request names its trajectory and turn: the slowest say which they were.
+    assert {(s.trajectory, s.turn) for s in account.slowest} == {(t.id, 0) for t in trajs}
     assert_windows(
         prof.manifest,
         [{"step": 1, "target": "replica_0", "state": "done", "requests.gated": 4,

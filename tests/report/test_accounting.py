@@ -233,3 +233,31 @@ def test_a_union_settled_in_pieces_is_the_union(pieces: list[tuple[int, int]]) -
     assert list(parts.intervals()) == list(whole.intervals())
     ticks = {t for at, length in pieces for t in range(at, at + length)}
     assert whole.covered(0, 100) == len(ticks)
+
+
+def test_the_slowest_requests_name_their_trajectory_and_turn_through_a_merge() -> None:
+    ledger = Ledger()
+    ledger.step(1, 0, 10 * S, profiled=False)
+    for request_id, seconds, trajectory, turn in (("a-t1", 5, "a", 1), (None, 1, None, None)):
+        ledger.request(
+            0,
+            seconds * S,
+            step=1,
+            replica=0,
+            request_id=request_id,
+            tokens=0,
+            prompt_tokens=0,
+            gated=False,
+            process="p",
+            trajectory=trajectory,
+            turn=turn,
+        )
+    merged = Ledger()
+    merged.merge(json.loads(json.dumps(ledger.take())))  # as a ledger file carries it
+    a = _one(merged)
+    assert [(s.request_id, s.trajectory, s.turn) for s in a.slowest] == [
+        ("a-t1", "a", 1),
+        (None, None, None),
+    ]
+    (first, _) = a.as_json()["requests"]["slowest"]
+    assert (first["trajectory"], first["turn"]) == ("a", 1)

@@ -155,7 +155,7 @@ def account(
         tail_s=rollout / 10,
         tail_share=0.1,
         estimated=False,
-        slowest=(Slow(slowest, 1, rollout / 1.8, "driver-1"),),
+        slowest=(Slow(slowest, 1, rollout / 1.8, "driver-1", slowest, 2),),
         replicas=tuple(
             ReplicaAccount(r, b, 24, 384, 960, 384 / b if b else None, 0.0)
             for r, b in enumerate(busy)
@@ -501,6 +501,7 @@ def test_the_tail_table_lists_the_slowest_steps_longest_first() -> None:
         "step 3",
     ]
     assert "sample0-t2 \u00b7 replica_1 \u00b7 7.22 s" in table and "10.0%" in table
+    assert "\u00b7 trajectory sample0-t2 turn 2" in table
 
 
 def test_a_run_without_accounts_says_so_in_one_line() -> None:

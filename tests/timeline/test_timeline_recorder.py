@@ -705,13 +705,23 @@ async def test_requests_keep_no_references(impl: Impl) -> None:
     at = gate(impl, 10**25 + 1)
     replica = 10**20 + 1
     request_id = _fresh("request", "-id-", str(99))
-    objects = [at, at.step, rec, replica, request_id]
+    trajectory, other = _fresh("trajectory", "-", str(7)), _fresh("other", "-", str(8))
+    objects = [at, at.step, rec, replica, request_id, trajectory, other]
     before = [sys.getrefcount(o) for o in objects]
     for _ in range(1000):
         async with impl.Request(at, rec, replica, request_id) as req:
             req.forward(1)
+            req.trajectory = other
+            req.trajectory = _Trajectory(other)  # copied: the subclass is not kept
+            req.trajectory = trajectory
+            with pytest.raises(ValueError):
+                req.trajectory = "x" * 257
+            req.turn = 3
     del req
-    assert len(taken(rec)) == 1000
+    events = taken(rec)
+    assert len(events) == 1000
+    assert events[-1][10:] == (trajectory, 3, None)
+    del events
     assert [sys.getrefcount(o) for o in objects] == before
 
 
@@ -749,6 +759,7 @@ async def test_request_flags_are_bools_and_its_identity_is_read_only(impl: Impl)
     async with impl.Request(gate(impl, 1), None, 0, "r1") as req:
         assert (req.replica, req.request_id, req.step) == (0, "r1", 1)
         assert (req.gated, req.captured, req.tokens, req.prompt_tokens) == (False, False, 0, 0)
+        assert (req.trajectory, req.turn) == (None, None)
         with pytest.raises(TypeError):
             req.gated = 1  # type: ignore[assignment]
         with pytest.raises(TypeError):
@@ -782,7 +793,7 @@ async def test_a_request_records_replica_id_step_flags_tokens_prompt_and_note(
             [(kind, begin, end, *rest)] = taken(prof._timeline.recorder)
             assert kind == REQUEST
             assert before <= begin <= end <= after
-            assert rest == [0, "r1", 1, False, True, 5, 12, None]
+            assert rest == [0, "r1", 1, False, True, 5, 12, None, None, None]
 
             rec = recorder(impl)
             own = impl.Request(gate(impl, prof.current_step), rec, 2, None)
@@ -793,7 +804,10 @@ async def test_a_request_records_replica_id_step_flags_tokens_prompt_and_note(
                     raise Planned
             assert own not in rec.open
             [(kind, begin, end, *rest)] = taken(rec)
-            assert (kind, rest) == (REQUEST, [2, None, 1, True, False, 2**40, 0, "Planned"])
+            assert (kind, rest) == (
+                REQUEST,
+                [2, None, 1, True, False, 2**40, 0, None, None, "Planned"],
+            )
         async with prof.request(replica=1) as outside:
             pass
         assert outside.step is None
@@ -854,13 +868,148 @@ async def test_prompt_tokens_defaults_to_0_and_the_last_set_is_recorded(impl: Im
         req.prompt_tokens = _Prompt(2**63 - 1)
         assert type(req.prompt_tokens) is int
     unknown, known, subclass = taken(rec)
-    assert len(unknown) == len(known) == len(subclass) == 11
-    assert (unknown[0], unknown[8:]) == (REQUEST, (0, 0, None))
-    assert (known[0], known[4], known[8], known[9], known[10]) == (REQUEST, "known", 5, 17, None)
+    assert len(unknown) == len(known) == len(subclass) == 13
+    assert (unknown[0], unknown[8:]) == (REQUEST, (0, 0, None, None, None))
+    assert (known[0], known[4], known[8], known[9], known[12]) == (REQUEST, "known", 5, 17, None)
     assert same(subclass[9], 2**63 - 1)
     off = impl.Request(gate(impl), None, 0, "off")  # the timeline off: kept all the same
     off.prompt_tokens = 9
     assert off.prompt_tokens == 9
+
+
+class _Trajectory(str):
+    """A str subclass that overrides what it can: the request keeps its characters."""
+
+    def __str__(self) -> str:
+        raise AssertionError("__str__ was called")
+
+    def __len__(self) -> int:
+        raise AssertionError("__len__ was called")
+
+
+class _Turn(int):
+    """An int subclass that overrides what it can: the request keeps its int value."""
+
+    def __index__(self) -> int:
+        raise AssertionError("__index__ was called")
+
+    def __lt__(self, other: object) -> bool:
+        raise AssertionError("__lt__ was called")
+
+
+@both
+@pytest.mark.parametrize(
+    ("value", "error", "message"),
+    [
+        (3, TypeError, "trajectory must be a str or None, not int"),
+        (True, TypeError, "trajectory must be a str or None, not bool"),
+        (b"s1", TypeError, "trajectory must be a str or None, not bytes"),
+        (("s", 1), TypeError, "trajectory must be a str or None, not tuple"),
+        ("x" * 257, ValueError, "trajectory must be at most 256 characters"),
+        ("\u00e9" * 257, ValueError, "trajectory must be at most 256 characters"),
+        pytest.param(
+            _Trajectory("x" * 257),
+            ValueError,
+            "trajectory must be at most 256 characters",
+            id="str-subclass-too-long",  # pytest's own id would take its len()
+        ),
+    ],
+)
+def test_trajectory_refuses_what_is_not_a_str_of_at_most_256_characters_or_none(
+    impl: Impl, value: object, error: type[Exception], message: str
+) -> None:
+    """The same error and words from both recorders; the value before stays."""
+    req = impl.Request(gate(impl), None, 0, "r1")
+    req.trajectory = "s1"
+    with pytest.raises(error, match=f"^{message}$"):
+        req.trajectory = value
+    assert req.trajectory == "s1"
+    with pytest.raises(AttributeError):
+        del req.trajectory
+    assert req.trajectory == "s1"
+
+
+@both
+@pytest.mark.parametrize(
+    ("value", "error", "message"),
+    [
+        (True, TypeError, "turn must be an int or None, not bool"),
+        (False, TypeError, "turn must be an int or None, not bool"),
+        ("3", TypeError, "turn must be an int or None, not str"),
+        (3.0, TypeError, "turn must be an int or None, not float"),
+        (-1, ValueError, "turn must be >= 0"),
+        (-(2**63), ValueError, "turn must be >= 0"),
+        (-(2**70), ValueError, "turn must be >= 0"),
+        (2**63, OverflowError, "turn must fit in 64 bits"),
+        (2**70, OverflowError, "turn must fit in 64 bits"),
+    ],
+)
+def test_turn_refuses_what_is_not_an_int_of_64_bits_at_least_0_or_none(
+    impl: Impl, value: object, error: type[Exception], message: str
+) -> None:
+    """The same error and words from both recorders; the value before stays."""
+    req = impl.Request(gate(impl), None, 0, "r1")
+    req.turn = 4
+    with pytest.raises(error, match=f"^{message}$"):
+        req.turn = value
+    assert req.turn == 4
+    with pytest.raises(AttributeError):
+        del req.turn
+    assert req.turn == 4
+
+
+@both
+async def test_trajectory_and_turn_default_to_none_and_the_last_set_is_recorded(
+    impl: Impl,
+) -> None:
+    rec = recorder(impl)
+    async with impl.Request(gate(impl, 3), rec, 0, "unknown") as req:
+        assert (req.trajectory, req.turn) == (None, None)
+    async with impl.Request(gate(impl, 3), rec, 1, "known") as req:
+        req.trajectory = "s0"
+        req.turn = 2**63 - 1
+        req.trajectory = "x" * 256
+        req.turn = 0
+        req.trajectory = "s3-\u00e9"  # the last set counts
+        req.turn = 5
+        req.prompt_tokens = 17
+        assert (req.trajectory, req.turn) == ("s3-\u00e9", 5)
+    async with impl.Request(gate(impl), rec, 2, "unset") as req:
+        req.trajectory = "s4"
+        req.turn = 1
+        req.trajectory = None  # unset again: None counts too
+        req.turn = None
+    async with impl.Request(gate(impl), rec, 3, "subclass") as req:
+        req.trajectory = _Trajectory("y" * 256)
+        req.turn = _Turn(2**63 - 1)
+        assert (type(req.trajectory), type(req.turn)) == (str, int)
+    unknown, known, unset, subclass = taken(rec)
+    assert len(unknown) == len(known) == len(unset) == len(subclass) == 13
+    assert (unknown[0], unknown[10:]) == (REQUEST, (None, None, None))
+    assert (known[4], known[9], known[10], known[11], known[12]) == (
+        "known",
+        17,
+        "s3-\u00e9",
+        5,
+        None,
+    )
+    assert unset[10:] == (None, None, None)
+    assert same(subclass[10], "y" * 256)
+    assert same(subclass[11], 2**63 - 1)
+    off = impl.Request(gate(impl), None, 0, "off")  # the timeline off: kept all the same
+    off.trajectory, off.turn = "s9", 9
+    assert (off.trajectory, off.turn) == ("s9", 9)
+
+
+@both
+async def test_trajectory_and_turn_are_recorded_with_a_note(impl: Impl) -> None:
+    rec = recorder(impl)
+    with pytest.raises(Planned):
+        async with impl.Request(gate(impl, 1), rec, 0, "r1") as req:
+            req.trajectory, req.turn = "s1", 2
+            raise Planned
+    [event] = taken(rec)
+    assert event[10:] == ("s1", 2, "Planned")
 
 
 @both
@@ -876,7 +1025,7 @@ async def test_a_request_ended_at_close_is_recorded_once(impl: Impl) -> None:
     assert (kind, end, rest) == (
         REQUEST,
         2**40,
-        [0, "left open", None, False, False, 0, 0, OPEN_AT_CLOSE],
+        [0, "left open", None, False, False, 0, 0, None, None, OPEN_AT_CLOSE],
     )
     assert rec.open == set()
 
@@ -906,7 +1055,9 @@ async def test_a_gate_that_raises_ends_the_request_once_with_the_exception_type(
             assert req not in prof._timeline.recorder.open
             req._end(time.monotonic_ns(), "again")
             requests = [e for e in taken(prof._timeline.recorder) if e[0] == REQUEST]
-            assert [e[3:] for e in requests] == [("[0]", "bad", 1, False, False, 0, 0, "TypeError")]
+            assert [e[3:] for e in requests] == [
+                ("[0]", "bad", 1, False, False, 0, 0, None, None, "TypeError")
+            ]
 
 
 async def test_a_gated_request_whose_capture_fails_in_strict_mode_ends_once(
@@ -926,7 +1077,9 @@ async def test_a_gated_request_whose_capture_fails_in_strict_mode_ends_once(
             assert req not in prof._timeline.recorder.open
             assert (req.gated, req.captured) == (True, False)
             requests = [e for e in taken(prof._timeline.recorder) if e[0] == REQUEST]
-            assert [e[3:] for e in requests] == [(0, "gated", 1, True, False, 0, 0, "CaptureError")]
+            assert [e[3:] for e in requests] == [
+                (0, "gated", 1, True, False, 0, 0, None, None, "CaptureError")
+            ]
 
 
 # -- 6. constructor and call errors --------------------------------------------------------
