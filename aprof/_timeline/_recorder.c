@@ -1294,16 +1294,13 @@ request_get_prompt_tokens(Request *self, void *closure)
     return PyLong_FromLongLong(self->prompt_tokens);
 }
 
-/* `req.prompt_tokens = n`: an int (no bool), >= 0, of 64 bits; the last one set counts. */
-static int
-request_set_prompt_tokens(Request *self, PyObject *value, void *closure)
+/* `value` as a count for the attribute `name`: an int (no bool), >= 0, of 64 bits; -1 with
+   the error set otherwise (`kinds`: what the attribute takes, for the TypeError). */
+static long long
+count_of(PyObject *value, const char *name, const char *kinds)
 {
-    if (value == NULL) {
-        PyErr_SetString(PyExc_AttributeError, "cannot delete prompt_tokens");
-        return -1;
-    }
     if (!PyLong_Check(value) || PyBool_Check(value)) {
-        PyErr_Format(PyExc_TypeError, "prompt_tokens must be an int, not %.200s",
+        PyErr_Format(PyExc_TypeError, "%s must be %s, not %.200s", name, kinds,
                      Py_TYPE(value)->tp_name);
         return -1;
     }
@@ -1314,11 +1311,26 @@ request_set_prompt_tokens(Request *self, PyObject *value, void *closure)
     }
     /* Beyond 64 bits, n is -1 and overflow says which way. */
     if (overflow > 0) {
-        PyErr_SetString(PyExc_OverflowError, "prompt_tokens must fit in 64 bits");
+        PyErr_Format(PyExc_OverflowError, "%s must fit in 64 bits", name);
         return -1;
     }
     if (overflow < 0 || n < 0) {
-        PyErr_SetString(PyExc_ValueError, "prompt_tokens must be >= 0");
+        PyErr_Format(PyExc_ValueError, "%s must be >= 0", name);
+        return -1;
+    }
+    return n;
+}
+
+/* `req.prompt_tokens = n`: a count; the last one set counts. */
+static int
+request_set_prompt_tokens(Request *self, PyObject *value, void *closure)
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "cannot delete prompt_tokens");
+        return -1;
+    }
+    long long n = count_of(value, "prompt_tokens", "an int");
+    if (n < 0) {
         return -1;
     }
     self->prompt_tokens = n;
@@ -1369,7 +1381,7 @@ request_get_turn(Request *self, void *closure)
     return PyLong_FromLongLong(self->turn);
 }
 
-/* `req.turn = n`: an int (no bool), >= 0, of 64 bits, or None; the last one set counts. */
+/* `req.turn = n`: a count, or None; the last one set counts. */
 static int
 request_set_turn(Request *self, PyObject *value, void *closure)
 {
@@ -1377,27 +1389,8 @@ request_set_turn(Request *self, PyObject *value, void *closure)
         PyErr_SetString(PyExc_AttributeError, "cannot delete turn");
         return -1;
     }
-    if (value == Py_None) {
-        self->turn = -1;
-        return 0;
-    }
-    if (!PyLong_Check(value) || PyBool_Check(value)) {
-        PyErr_Format(PyExc_TypeError, "turn must be an int or None, not %.200s",
-                     Py_TYPE(value)->tp_name);
-        return -1;
-    }
-    int overflow;
-    long long n = PyLong_AsLongLongAndOverflow(value, &overflow);
-    if (n == -1 && PyErr_Occurred()) {
-        return -1;
-    }
-    /* Beyond 64 bits, n is -1 and overflow says which way. */
-    if (overflow > 0) {
-        PyErr_SetString(PyExc_OverflowError, "turn must fit in 64 bits");
-        return -1;
-    }
-    if (overflow < 0 || n < 0) {
-        PyErr_SetString(PyExc_ValueError, "turn must be >= 0");
+    long long n = value == Py_None ? -1 : count_of(value, "turn", "an int or None");
+    if (n < 0 && value != Py_None) {
         return -1;
     }
     self->turn = n;

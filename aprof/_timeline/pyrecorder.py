@@ -278,14 +278,7 @@ class Request:
 
     @prompt_tokens.setter
     def prompt_tokens(self, value: int) -> None:
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise TypeError(f"prompt_tokens must be an int, not {type(value).__name__}")
-        n = int.__index__(value)  # an int subclass's own value, whatever it overrides
-        if n < 0:
-            raise ValueError("prompt_tokens must be >= 0")
-        if n not in _INT64:
-            raise OverflowError("prompt_tokens must fit in 64 bits")
-        self._prompt_tokens = n
+        self._prompt_tokens = _count(value, "prompt_tokens", "an int")
 
     @property
     def trajectory(self) -> str | None:
@@ -309,17 +302,7 @@ class Request:
 
     @turn.setter
     def turn(self, value: int | None) -> None:
-        if value is None:
-            self._turn = None
-            return
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise TypeError(f"turn must be an int or None, not {type(value).__name__}")
-        n = int.__index__(value)  # an int subclass's own value, whatever it overrides
-        if n < 0:
-            raise ValueError("turn must be >= 0")
-        if n not in _INT64:
-            raise OverflowError("turn must fit in 64 bits")
-        self._turn = n
+        self._turn = None if value is None else _count(value, "turn", "an int or None")
 
     @property
     def gated(self) -> bool:
@@ -422,6 +405,18 @@ class Request:
 def _check_recorder(recorder: object) -> None:
     if type(recorder) is not Recorder:
         raise TypeError(f"expected a Recorder, not {type(recorder).__name__}")
+
+
+def _count(value: object, name: str, kinds: str) -> int:
+    """``value`` as a count for the attribute ``name``: an int (no bool), >= 0, of 64 bits."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be {kinds}, not {type(value).__name__}")
+    n = int.__index__(value)  # an int subclass's own value, whatever it overrides
+    if n < 0:
+        raise ValueError(f"{name} must be >= 0")
+    if n not in _INT64:
+        raise OverflowError(f"{name} must fit in 64 bits")
+    return n
 
 
 def _flag(value: object) -> bool:
