@@ -2,7 +2,8 @@
 
 - ``build.py``: :func:`collect`, a run read back into a :class:`RunReport`; :func:`accounts`
   and :func:`accounting`, every step's accounting alone (``aprof status``, ``--json``);
-- ``ledgers.py``: the timeline writers' ledgers read back (the accounting without the JSON);
+- ``ledgers.py``: the timeline writers' ledgers read back (the accounting without the JSON),
+  and the writes of a timeline they point to;
 - ``model.py``: the report's data (steps, windows, distributions, intervals);
 - ``requests.py``: what the timelines give (request latency, gated waits, and every step's
   spans for the accounting of :mod:`aprof._accounting`);
@@ -10,7 +11,8 @@
 - ``clock.py``: wall-clock intervals shared by both;
 - ``text.py``: the terminal report (:func:`render`, :func:`summary`);
 - ``document.py``: the accounting of every step as one JSON object (:func:`dumps`);
-- ``html.py``: report.html (plotly, imported when drawn).
+- ``html.py``: report.html (plotly, imported when drawn): the profiled steps' plots;
+  ``run_plots.py``, the run across all its steps at its top; ``page.py``, its frame.
 """
 
 from aprof._report.build import Accounting, accounting, accounts, collect, report, with_html

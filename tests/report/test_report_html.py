@@ -24,9 +24,17 @@ from aprof._report import RunReport, StepReport, collect
 from aprof._report.html import (
     FILE_NAME,
     MAX_LANES,
+    PLOTS,
+    lanes,
+    render,
+    step_on_one_clock,
+    write,
+)
+from aprof._report.model import Distribution, Interval, Row, WindowRow
+from aprof._report.page import step_plot_id
+from aprof._report.run_plots import (
     MAX_STEPS_DRAWN,
     PHASES_ID,
-    PLOTS,
     PROFILED_LINKS_ID,
     REPLICAS_ID,
     RUN_PLOT_IDS,
@@ -34,16 +42,10 @@ from aprof._report.html import (
     SLOWEST_STEPS,
     TAIL_ID,
     drawn_steps,
-    lanes,
     phase_time,
-    render,
     replica_busy,
     slowest_steps,
-    step_on_one_clock,
-    step_plot_id,
-    write,
 )
-from aprof._report.model import Distribution, Interval, Row, WindowRow
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else shutil.which("chromium")
