@@ -168,7 +168,10 @@ def read_writes(root: str, writes: Writes, limit: int) -> dict[str, object]:
     events: list[object] = []
     left = limit
     with file:
+        size = os.fstat(file.fileno()).st_size
         for offset, length in _runs(writes.at):
+            if offset + length > size:  # never ask for more than the file holds
+                raise ValueError(f"writes at {offset} end past the part's end")
             file.seek(offset)
             data = file.read(length)
             # A write's events follow a full flush: raw deflate, but for the part's first.

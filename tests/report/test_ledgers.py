@@ -273,6 +273,11 @@ async def test_each_ledger_line_says_where_its_write_lies_in_the_part(
     every = Writes(entry.path, lines[0]["base"], [tuple(line["at"]) for line in lines])
     assert read_writes(str(save_path), every, 1 << 30)["traceEvents"] == found
 
+    # Places past the part's end are refused before anything is read.
+    for at in ((0, 1 << 49), (1 << 49, 1), (lines[1]["at"][0], 1 << 40)):
+        with pytest.raises(ValueError, match="past the part's end"):
+            read_writes(str(save_path), Writes(entry.path, 0, [at]), 1 << 30)
+
     # A part rewritten since (recompressed: the same events elsewhere) is read whole.
     window = WindowRecord(step=3, target="trainer", kind="role", tool="torch", state="done")
     run_id = aprof.load_manifest(save_path).run_id
