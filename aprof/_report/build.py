@@ -12,8 +12,8 @@ be read is a problem line of the report, never an exception, and the rest is rep
   the accounting's ledger (every step's latencies, or a uniform sample of a step's
   ``MAX_VALUES`` when it had more).
 - **What is read**: where a process's timeline writer kept its ledgers beside the timeline
-  (``ledgers.py``), only the timeline parts holding a profiled step's requests, span or
-  capture start; else every part.
+  (``ledgers.py``), only the writes of its timeline holding a profiled step's requests, span
+  or capture start (a part not as its ledgers say: read whole); else every part.
 - **Gated wait**: a gated request of replica ``r`` in step ``n`` waited from its begin until
   the ``starting`` slice of step ``n``'s ``capture replica_<r>`` span ended (the capture became
   active, or its start ended otherwise), at least 0. Placed by wall clock

@@ -62,7 +62,7 @@ class Taken(NamedTuple):
 
 def take_ledgers(root: str, manifest: Manifest, ledger: Ledger, profiled: set[int]) -> Taken:
     """Merge into ``ledger`` the ledgers of each process whose file covers its listed
-    timeline; say which timeline parts hold nothing of the steps in ``profiled``."""
+    timeline; say where the writes holding a step of ``profiled`` lie in their parts."""
     mine: dict[str, list[TimelineFile]] = {}
     for entry in manifest.timeline:
         mine.setdefault(entry.process, []).append(entry)
