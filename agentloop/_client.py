@@ -218,12 +218,12 @@ class LLMClient:
         turn_of: tuple[str | None, int | None],
     ) -> Completion:
         if self.prof is None:
-            answer = await self._send(replica, payload, request_id)
+            answer = await self._send(replica, payload, _headers(request_id, None))
             step, gated, captured = None, False, False
         else:
             async with self.prof.request(replica=replica, request_id=request_id) as req:
                 req.trajectory, req.turn = turn_of
-                answer = await self._send(replica, payload, request_id)
+                answer = await self._send(replica, payload, _headers(request_id, req.traceparent))
                 req.forward(tokens=answer.completion_tokens or 0)
                 req.prompt_tokens = answer.prompt_tokens or 0
             step, gated, captured = req.step, req.gated, req.captured
@@ -241,12 +241,13 @@ class LLMClient:
             failed_over_from=refused,
         )
 
-    async def _send(self, replica: int, payload: dict[str, Any], request_id: str | None) -> Answer:
+    async def _send(
+        self, replica: int, payload: dict[str, Any], headers: dict[str, str] | None
+    ) -> Answer:
         """One HTTP exchange with ``replica``; every failure becomes an :class:`LLMError`."""
         assert self._session is not None
         route = _dialects.path(self.api)
         url, shown = self.urls[replica] + route, self._shown[replica] + route
-        headers = {"X-Request-Id": request_id} if request_id else None
         bounds = _http.client_timeout(self._connect_timeout_s)  # the whole: asyncio.timeout
         try:
             async with (
@@ -296,3 +297,14 @@ class LLMClient:
                         return answer
                     _dialects.read_chunk(self.api, answer, json.loads(data))
         raise BadAnswer(f"the stream ended without {_dialects.DONE}")
+
+
+def _headers(request_id: str | None, traceparent: str | None) -> dict[str, str] | None:
+    """The request's own headers: its id, and its W3C trace context when the profiler
+    gives one (the servers' spans of the request become children of aprof's)."""
+    headers = {}
+    if request_id:
+        headers["X-Request-Id"] = request_id
+    if traceparent:
+        headers["traceparent"] = traceparent
+    return headers or None

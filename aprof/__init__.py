@@ -20,6 +20,7 @@ from aprof._capture import (
     TargetKind,
     Window,
     WorkerCapture,
+    WorkerTimeline,
 )
 from aprof._config import (
     LimitsConfig,
@@ -118,6 +119,7 @@ __all__ = [
     "WorkerGroupError",
     "WorkerHandle",
     "WorkerProfiler",
+    "WorkerTimeline",
     "__version__",
     "configure_logging",
     "describe",

@@ -96,3 +96,25 @@ class CaptureResult:
     """Why the capture failed, when the target could still say what it left behind: the
     window is recorded ``failed`` with this reason, and ``files`` are listed all the same
     (the stop of a server that died, a server that restarted during the window)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerTimeline:
+    """A worker rank's timeline (its trainer stages) as the rank hands it to the driver."""
+
+    process: str
+    """The timeline's name: ``timeline/<process>.trace.json.gz`` below ``save_path``."""
+    files: tuple[dict[str, Any], ...]
+    """Each part written so far, as the manifest's ``TimelineFile`` fields."""
+    ledger: Any = None
+    """What the writes since the rank's last hand-over hold
+    (``aprof._accounting.Ledger.take``'s plain data), for the driver's accounting."""
+
+    def to_record(self) -> dict[str, Any]:
+        """Plain fields, to cross a process boundary."""
+        return {"process": self.process, "files": list(self.files), "ledger": self.ledger}
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> WorkerTimeline:
+        """From :meth:`to_record`'s fields."""
+        return cls(str(record["process"]), tuple(record["files"]), record.get("ledger"))

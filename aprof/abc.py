@@ -6,8 +6,8 @@
 - :class:`CaptureTool`: one capture at a time inside a worker process (``aprof.tools``);
 - :class:`RolloutProfiler`: what agent loops use of a profiler, in its own process or another.
 
-The values exchanged with them (``Window``, ``CaptureResult``, ``WorkerCapture``) are
-frozen dataclasses, re-exported from ``aprof``.
+The values exchanged with them (``Window``, ``CaptureResult``, ``WorkerCapture``,
+``WorkerTimeline``) are frozen dataclasses, re-exported from ``aprof``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from aprof._capture import CaptureResult, TargetKind, Window, WorkerCapture
+from aprof._capture import CaptureResult, TargetKind, Window, WorkerCapture, WorkerTimeline
 
 if TYPE_CHECKING:
     from aprof._config import LimitsConfig, TimeoutsConfig
@@ -83,6 +83,11 @@ class WorkerHandle(Protocol):
 
     async def end(self) -> list[WorkerCapture]:
         """Close the window :meth:`begin` opened (a continuous one too); its captures."""
+        ...
+
+    async def timeline(self) -> WorkerTimeline | None:
+        """The rank's timeline as written so far, its latest stages included; ``None``
+        when the rank records none."""
         ...
 
 

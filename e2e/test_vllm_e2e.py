@@ -34,9 +34,10 @@ CONCURRENT = 4
 MAX_TOKENS = 16  # with ignore_eos: 1 prefill + 15 decode steps per request, well over 4 + 1
 
 
-def _config(save_path: Path, steps: list[int]) -> aprof.ProfilerConfig:
+def _config(save_path: Path, steps: list[int], **sections: Any) -> aprof.ProfilerConfig:
     return aprof.load_config(
         {
+            **sections,
             # Steps here last a fraction of a second, shorter than a stop (which moves and
             # counts the traces): without waiting, the next window may still be queued behind
             # the previous stop when its step ends, and is skipped by design.
@@ -82,12 +83,11 @@ async def _run_steps(
             "ignore_eos": True,
         }
         url = f"{base_url}/v1/completions"
-        async with (
-            prof.request(replica=0, request_id=f"s{step}-r{i}"),
-            http.post(url, json=body) as response,
-        ):
-            assert response.status == 200, await response.text()
-            answers.append(await response.json())
+        async with prof.request(replica=0, request_id=f"s{step}-r{i}") as req:
+            headers = {"traceparent": req.traceparent} if req.traceparent else None
+            async with http.post(url, json=body, headers=headers) as response:
+                assert response.status == 200, await response.text()
+                answers.append(await response.json())
 
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(timeout=timeout) as http:
@@ -104,16 +104,21 @@ def _worker_traces(save_path: Path, files: list[str]) -> list[Path]:
 async def test_profiled_steps_capture_exactly_the_window(
     tmp_path: Path, tiny_model: Path, owned_env: dict[str, str]
 ) -> None:
-    """Steps [1, 2, 5] of 6: one window each, traces in the step folders, 4 iterations each."""
+    """Steps [1, 2, 5] of 6: one window each, traces in the step folders, 4 iterations each;
+    vLLM's own request spans (``otel`` on, launched through ``launch_spec``) received by
+    aprof, each filed under its step as the child of its aprof request."""
     save_path = tmp_path / "profile"
-    cfg = _config(save_path, [1, 2, 5])
+    cfg = _config(save_path, [1, 2, 5], otel={"receive": True, "port": free_port()})
     spec = _spec(cfg, tiny_model, owned_env, profiling=True)
     log = tmp_path / "vllm.log"
     server = await launch(spec, log_path=log, health_timeout_s=HEALTH_TIMEOUT_S)
     async with server, aprof.Profiler(cfg) as prof:
         prof.add_target(server.adapter(replica=0))
         answers = await _run_steps(prof, server.base_url, tiny_model, 6)
+        await _spans_arrive(prof, 6 * CONCURRENT)
     assert len(answers) == 6 * CONCURRENT
+    _assert_vllms_spans(save_path, 6)
+    _assert_reported_server_side(save_path)
     window = {
         "target": "replica_0",
         "state": "done",
@@ -134,6 +139,48 @@ async def test_profiled_steps_capture_exactly_the_window(
     _assert_merged_on_the_window(save_path, prof.manifest.windows[0])
 
 
+async def _spans_arrive(prof: aprof.Profiler, count: int) -> None:
+    """Wait (at most 60 s) until the receiver has ``count`` spans: vLLM exports a request's
+    span once it ends, in batches (every 500 ms, as ``launch_spec`` sets it)."""
+    async with asyncio.timeout(60):
+        # A condition polled, bounded: the spans come from another process, on its schedule.
+        while prof.manifest.otel is None or prof.manifest.otel.spans < count:  # noqa: ASYNC110
+            await asyncio.sleep(0.1)
+
+
+def _assert_vllms_spans(save_path: Path, num_steps: int) -> None:
+    """Each request's ``llm_request`` span in its step's file, the child of the request's
+    own span (its trace context carried the client's trace id), with its phases' times."""
+    from aprof._timeline.recorder import span_id_of
+
+    for step in range(1, num_steps + 1):
+        path = save_path / "otel" / f"step_{step}.spans.jsonl"
+        spans = [json.loads(line) for line in path.read_text().splitlines()]
+        by_parent = {s["parent_span_id"]: s for s in spans if s["name"] == "llm_request"}
+        assert len(by_parent) == CONCURRENT, spans
+        for i in range(CONCURRENT):
+            span = by_parent[span_id_of(f"s{step}-r{i}")]
+            attributes = span["attributes"]
+            assert attributes["gen_ai.usage.completion_tokens"] == MAX_TOKENS
+            for phase in ("time_in_queue", "time_in_model_prefill", "time_in_model_decode"):
+                assert attributes[f"gen_ai.latency.{phase}"] >= 0
+            assert span["start_ns"] < span["end_ns"]
+
+
+def _assert_reported_server_side(save_path: Path) -> None:
+    """``aprof report --json``: each step's server side from vLLM's spans, and for its slowest
+    requests the time outside the server (vLLM's ``e2e`` below the client's latency)."""
+    from aprof._report import accounting
+    from aprof._report.document import document
+
+    steps = document(accounting(save_path))["steps"]
+    assert [s["server"]["spans"] for s in steps] == [CONCURRENT] * len(steps)
+    for step in steps:
+        assert step["server"]["decode_s"]["max"] > 0
+        for slow in step["server"]["slowest"]:
+            assert slow["server"] is not None and slow["server"]["gap_s"] >= 0
+
+
 def _assert_merged_on_the_window(save_path: Path, window: aprof.WindowRecord) -> None:
     """``aprof merge`` places vLLM's own worker (and frontend) traces of the window by their
     clocks: every slice of them lies within the window's start and stop (wall clock)."""
@@ -145,6 +192,10 @@ def _assert_merged_on_the_window(save_path: Path, window: aprof.WindowRecord) ->
         e["pid"]: e["args"]["name"] for e in doc["traceEvents"] if e.get("name") == "process_name"
     }
     assert any(n.startswith("replica_0 · vLLM worker") for n in names.values()), names
+    # vLLM's own span of each request nested under it, with its phases.
+    served = [e for e in doc["traceEvents"] if e.get("cat") == "aprof.server"]
+    assert sum(e["name"] == "llm_request" for e in served) == CONCURRENT
+    assert {"prefill", "decode"} <= {e["name"] for e in served}
     if any("async_llm" in f.path for f in window.files):
         assert "replica_0 · frontend" in names.values(), names
     assert window.started_ns is not None and window.stopped_ns is not None

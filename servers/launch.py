@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, get_args
 
-from aprof import ProfilerConfig, load_config
+from aprof import ConfigError, ProfilerConfig, load_config
 from servers._errors import UnsupportedError
 from servers.sglang import SGLangServer
 from servers.versions import Version, parse_version, version_text
@@ -119,6 +119,7 @@ def launch_spec(
     dialect: Dialect = "vllm",
     server_args: Sequence[str] = (),
     python: str = sys.executable,
+    otel_endpoint: str | None = None,
 ) -> LaunchSpec:
     """Prepare a launch of ``engine`` at ``version`` that profiles as ``cfg`` says.
 
@@ -126,9 +127,12 @@ def launch_spec(
     server writes its traces; ``profiling=False`` prepares a launch without profiling.
     ``model`` (with ``host``, ``port`` and extra ``server_args``) completes ``command``;
     ``dialect`` picks the reference server's dialect; ``python`` is the interpreter the
-    command runs (vLLM and SGLang need theirs). Raises ValueError on an unknown engine,
-    VersionError on a malformed version, UnsupportedError for a tool the engine (at that
-    version) cannot run, ConfigError on a bad config.
+    command runs (vLLM and SGLang need theirs). With ``otel.receive`` (or ``otel_endpoint``
+    given: the base URL of aprof's receiver, ``prof.otel_endpoint``; by default
+    ``http://<otel.host>:<otel.port>``) the server also exports its request spans there.
+    Raises ValueError on an unknown engine, VersionError on a malformed version,
+    UnsupportedError for a tool the engine (at that version) cannot run, ConfigError on a bad
+    config (``otel.port`` 0 without ``otel_endpoint``).
     """
     if engine not in ENGINES:
         raise ValueError(f"engine: expected one of {', '.join(ENGINES)}, got {engine!r}")
@@ -141,6 +145,8 @@ def launch_spec(
         _PREPARE[engine](prep)
     elif engine == "reference":
         prep.args.append("--no-profiling")
+    if otel_endpoint is not None or config.otel.receive:
+        _otel(prep, otel_endpoint or _receiver_of(config))
     port = DEFAULT_PORTS[engine] if port is None else port
     command = _command(prep, python, model, host, port, list(server_args))
     return LaunchSpec(
@@ -351,6 +357,46 @@ def _sglang(prep: _Prep) -> None:
         )
     if prep.engine == "sglang-npu" and "memory" in contents:
         prep.notes.append("SGLang-NPU does not support the memory option")
+
+
+_SPANS_EVERY_MS = "500"
+"""How often the engines' span exporters send (their default, 5 s, would let a step's spans
+arrive well after the step)."""
+
+
+def _receiver_of(config: ProfilerConfig) -> str:
+    """The base URL of aprof's OTLP receiver as the config fixes it."""
+    otel = config.otel
+    if otel.port == 0:
+        raise ConfigError(
+            "otel.port",
+            "0 picks a free port once the profiler is open: pass "
+            "otel_endpoint=prof.otel_endpoint, or set otel.port",
+        )
+    host = f"[{otel.host}]" if ":" in otel.host else otel.host
+    return f"http://{host}:{otel.port}"
+
+
+def _otel(prep: _Prep, endpoint: str) -> None:
+    """The engine's flags and environment to export its request spans to ``endpoint``,
+    over OTLP/HTTP protobuf (the engines' exporters default to gRPC, which aprof does not
+    take)."""
+    url = endpoint.rstrip("/") + "/v1/traces"
+    if prep.engine == "reference":
+        prep.notes.append("the reference server sends no OpenTelemetry spans")
+        return
+    prep.env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
+    if prep.engine.startswith("vllm"):
+        prep.env["OTEL_BSP_SCHEDULE_DELAY"] = _SPANS_EVERY_MS  # the SDK's batch processor
+        prep.args += ["--otlp-traces-endpoint", url]
+        if prep.config.otel.detailed:
+            # Model forward and execute times per request; vLLM warns they may cost.
+            prep.args += ["--collect-detailed-traces", "all"]
+        return
+    prep.env["SGLANG_OTLP_EXPORTER_SCHEDULE_DELAY_MILLIS"] = _SPANS_EVERY_MS
+    prep.args += ["--enable-trace", "--otlp-traces-endpoint", url]
+    if prep.config.otel.detailed:
+        prep.notes.append("otel.detailed is vLLM's --collect-detailed-traces: SGLang has none")
 
 
 def _reference(prep: _Prep) -> None:

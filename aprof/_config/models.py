@@ -367,6 +367,30 @@ class ControlConfig(_Model):
     )
 
 
+class OtelConfig(_Model):
+    """The OTLP/HTTP receiver of the servers' own request spans (``aprof/_otel``)."""
+
+    receive: StrictBool = Field(
+        False, description="Receive OTLP/HTTP trace exports at prof.otel_endpoint."
+    )
+    host: str = Field(
+        "127.0.0.1",
+        min_length=1,
+        max_length=255,
+        description="Address it listens on; another than 127.0.0.1 lets other machines send.",
+    )
+    port: Annotated[int, Strict()] = Field(0, ge=0, le=65535, description="0 = a free one.")
+    max_body_bytes: Annotated[int, Strict()] = Field(
+        4 << 20, ge=1024, le=1 << 30, description="One export's body; a larger one gets 413."
+    )
+    max_spans_per_step: Annotated[int, Strict()] = Field(
+        50_000, ge=1, le=10_000_000, description="Spans kept per step; the others are counted."
+    )
+    detailed: StrictBool = Field(
+        False, description="Servers launched for it: vLLM's --collect-detailed-traces all."
+    )
+
+
 class SlowTriggerConfig(_Model):
     """Capture the next steps when a step is slower than its recent past."""
 
@@ -413,6 +437,7 @@ class ProfilerConfig(_Model):
     timeline: TimelineConfig = Field(default_factory=TimelineConfig)
     control: ControlConfig = Field(default_factory=ControlConfig)
     triggers: TriggersConfig = Field(default_factory=TriggersConfig)
+    otel: OtelConfig = Field(default_factory=OtelConfig)
     strict: StrictBool = Field(False, description="Let capture errors escape step/request.")
 
     @field_validator("roles", mode="before")

@@ -13,11 +13,14 @@ import contextlib
 import socket
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 from aprof._accounting import STAGE
 from aprof._config import TimelineConfig
+from aprof._layout import OutputLayout
+from aprof._logging import logger
 from aprof._manifest import Clock, TimelineFile, WindowRecord
 from aprof._timeline.events import AttrValue, Event
 from aprof._timeline.recorder import BACKEND, NULL_SPAN, Gate, NullSpan, Recorder, Request, Span
@@ -54,6 +57,20 @@ class Recording:
         if recorder is None:
             return NULL_SPAN
         return Span(recorder, name, {**attrs, "aprof": STAGE}, self._gate.step)
+
+
+def open_timeline(settings: TimelineConfig, *, root: Path, process: str) -> ProcessTimeline:
+    """The timeline of a process other than the driver's, below ``root``; off (said on the
+    log) when ``root`` cannot be written from here."""
+    if settings.enable:
+        try:
+            OutputLayout(root).check_writable()
+        except OSError as exc:
+            logger.warning(
+                "timeline off: save_path not writable here", path=str(root), error=str(exc)
+            )
+            settings = settings.model_copy(update={"enable": False})
+    return ProcessTimeline(settings, root=root, process=process)
 
 
 class ProcessTimeline:
@@ -99,13 +116,14 @@ class ProcessTimeline:
         if self.timeline is not None:
             self.timeline.window(record, event)
 
-    def flush(self) -> None:
-        """Have what was recorded written, without waiting."""
+    def flush(self) -> Future[int] | None:
+        """Have what was recorded written, without waiting; the write (``None`` when the
+        timeline is off or closed)."""
         timeline = self.timeline
         future = None if timeline is None else timeline.flush()
         written = self._on_written
         if future is None or written is None:
-            return
+            return future
         loop = asyncio.get_running_loop()
 
         def soon(_: object) -> None:
@@ -113,6 +131,7 @@ class ProcessTimeline:
                 loop.call_soon_threadsafe(written)
 
         future.add_done_callback(soon)
+        return future
 
     async def write_now(self) -> None:
         """Write what was recorded and wait for it (errors are logged, not raised)."""

@@ -27,6 +27,7 @@ from typing import Literal
 import structlog
 
 from aprof._accounting import StepAccount
+from aprof._capture import WorkerTimeline
 from aprof._config import ProfilerConfig, load_config
 from aprof._control import CaptureAnswer, CaptureRequest
 from aprof._core.accounting import LiveAccounting
@@ -36,15 +37,17 @@ from aprof._core.disk_guard import DiskGuard
 from aprof._core.plan import Plan
 from aprof._core.process_timeline import ProcessTimeline, Recording
 from aprof._core.serving import Serving
+from aprof._core.sharing import Report
 from aprof._core.steps import Steps
 from aprof._core.target_machine import TargetMachine
 from aprof._core.targets import Targets
 from aprof._core.window import Phase, WindowRun
 from aprof._core.windows import Windows, wait
-from aprof._errors import ConfigError, UsageError
+from aprof._errors import ConfigError, UsageError, describe
 from aprof._layout import OutputLayout
 from aprof._logging import configure_logging, logger
-from aprof._manifest import Clock, Manifest, ManifestFiles
+from aprof._manifest import Clock, Manifest, ManifestFiles, OtelRecord
+from aprof._otel import OtelReceiver
 from aprof.abc import CaptureTarget
 
 
@@ -86,6 +89,12 @@ class Profiler(Recording):
         """Makes window folders and sizes their files: one thread, so that many windows at
         once do not crowd the event loop's thread out of the GIL."""
         self._accounting = LiveAccounting()
+        salt = self._manifest.trace_salt = _trace_salt()
+        self._otel = (
+            OtelReceiver(cfg.otel, root=layout.root, salt=salt, on_taken=self._otel_taken)
+            if cfg.otel.receive
+            else None
+        )
         self._timeline = ProcessTimeline(
             cfg.timeline,
             root=layout.root,
@@ -120,6 +129,7 @@ class Profiler(Recording):
         )
         self._admission = Admission(cfg, self._targets, self._windows)
         self._gate = self._admission.gate
+        self._gate.trace_salt = salt
         self._recorder = self._timeline.recorder
         self._serving = Serving(
             cfg,
@@ -160,6 +170,12 @@ class Profiler(Recording):
     def current_step(self) -> int | None:
         """The global step now open, if any."""
         return self._steps.current
+
+    @property
+    def otel_endpoint(self) -> str | None:
+        """The base URL of the run's OTLP/HTTP receiver (``/v1/traces`` below it) while the
+        profiler is open with ``otel.receive``; ``None`` otherwise."""
+        return None if self._otel is None else self._otel.endpoint
 
     def accounting(self, step: int | None = None) -> StepAccount | None:
         """Where step ``step`` (default: the latest that ended) went: its phases, requests,
@@ -236,6 +252,10 @@ class Profiler(Recording):
         self._files.open()
         try:
             await self._control.open()
+            if self._otel is not None:
+                endpoint = await self._otel.start()
+                self._manifest.otel = OtelRecord(endpoint=endpoint)
+                self._files.changed(None)
         except BaseException:
             await self.aclose()
             raise
@@ -267,6 +287,9 @@ class Profiler(Recording):
             await self._serving.aclose()
             await self._targets.aclose()
         finally:
+            if self._otel is not None:
+                await self._otel.aclose()
+                self._otel_taken()
             self._windows.abandon()
             self._status = "closed"
             try:
@@ -295,7 +318,25 @@ class Profiler(Recording):
             layout=self._layout,
             disk=self._disk,
             on_note=self._windows.note,
+            on_timeline=self._worker_timeline,
         )
+
+    def _otel_taken(self) -> None:
+        """The receiver took an export: the manifest's counts follow."""
+        record, receiver = self._manifest.otel, self._otel
+        if record is not None and receiver is not None:
+            record.spans, record.dropped = receiver.counts.spans, receiver.counts.dropped
+            self._files.changed(None)
+
+    def _worker_timeline(self, found: WorkerTimeline) -> None:
+        """List a worker rank's timeline files and take its ledger into the accounting."""
+        try:
+            report = Report(timeline=list(found.files), ledger=found.ledger)
+            self._serving.take_report(found.process, report)
+        except Exception as exc:  # a rank's malformed hand-over costs its own listing only
+            self._log.warning(
+                "worker timeline not taken", process=found.process, error=describe(exc)
+            )
 
     def _disk_trouble(self, error: str | None) -> None:
         """The manifest cannot be written (``error``), or can again (``None``)."""
@@ -338,3 +379,11 @@ class _Step:
         tb: TracebackType | None,
     ) -> None:
         await self._prof._steps.leave(self._n, exc)
+
+
+def _trace_salt() -> str:
+    """The run's half of its W3C trace ids: random, never all zero (W3C forbids that id)."""
+    while True:
+        salt = secrets.token_hex(8)
+        if int(salt, 16):
+            return salt

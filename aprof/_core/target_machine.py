@@ -12,9 +12,9 @@ import asyncio
 from collections.abc import Callable
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar, runtime_checkable
 
-from aprof._capture import CaptureResult, CountSource
+from aprof._capture import CaptureResult, CountSource, WorkerTimeline
 from aprof._config import LimitsConfig, TimeoutsConfig
 from aprof._core.window import Captured, Phase, WindowRun
 from aprof._errors import describe
@@ -26,6 +26,13 @@ _T = TypeVar("_T")
 
 OnNote = Callable[[int, str, str], None]
 """Told ``(step, target, text)``: something worth writing down that is not a failure."""
+
+
+@runtime_checkable
+class _RankTimelines(Protocol):
+    """A target whose ranks keep timelines of their own (a ``WorkerGroup``)."""
+
+    async def timelines(self) -> list[WorkerTimeline]: ...
 
 
 class TargetMachine:
@@ -40,11 +47,15 @@ class TargetMachine:
         layout: OutputLayout,
         disk: Executor,
         on_note: OnNote,
+        on_timeline: Callable[[WorkerTimeline], None],
     ) -> None:
+        """``on_timeline`` is given each timeline a worker group's ranks hand over, after
+        each of its windows and as the profiler closes."""
         self.target = target
         self._layout = layout
         self._disk = disk
         self._note = on_note
+        self._on_timeline = on_timeline
         self._timeouts = timeouts
         self._limits = limits
         self._previous: WindowRun | None = None
@@ -123,7 +134,9 @@ class TargetMachine:
         self.opened = True
 
     async def aclose(self) -> None:
-        """Release the target's resources if it was opened; failures are the caller's to log."""
+        """Take the ranks' last timelines, release the target's resources if it was opened;
+        failures are the caller's to log."""
+        await self._take_timelines()
         if self.opened and isinstance(self.target, ManagedTarget):
             self.opened = False
             async with asyncio.timeout(self._timeouts.connect_s):
@@ -199,6 +212,13 @@ class TargetMachine:
                 run.end(Phase.DONE)
             else:
                 run.end(Phase.FAILED, result.error, reason="error")
+        await self._take_timelines()
+
+    async def _take_timelines(self) -> None:
+        """Hand the timelines of a worker group's ranks on (the group bounds each rank)."""
+        if isinstance(self.target, _RankTimelines):
+            for found in await self.target.timelines():
+                self._on_timeline(found)
 
     async def _stop_target(self, run: WindowRun) -> CaptureResult | None:
         """Send the stop of an active window; ``None`` when there was none or it failed."""

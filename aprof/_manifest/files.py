@@ -188,6 +188,8 @@ class ManifestFiles:
                 save_path=m.save_path,
                 notes=self._run_notes,
                 timeline=m.timeline,
+                trace_salt=m.trace_salt,
+                otel=m.otel,
                 config=m.config,
             )
             text = run.model_dump_json(by_alias=True, indent=1)

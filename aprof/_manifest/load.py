@@ -54,6 +54,8 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
         windows=windows,
         notes=notes,
         timeline=run.timeline,
+        trace_salt=run.trace_salt,
+        otel=run.otel,
         config=run.config,
     )
 

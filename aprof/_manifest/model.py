@@ -170,6 +170,18 @@ class TimelineFile(_Model):
     """The machine the process ran on; absent in older manifests."""
 
 
+class OtelRecord(_Model):
+    """The run's OTLP receiver (``otel.receive``) and what it kept below ``otel/``."""
+
+    endpoint: str
+    """Its base URL (OTLP's ``/v1/traces`` below it)."""
+    spans: int = 0
+    """Spans written below ``otel/``: ``step_<n>.spans.jsonl`` by the step their trace id
+    names, ``no_step.spans.jsonl``, ``other.spans.jsonl`` (another trace's)."""
+    dropped: int = 0
+    """Spans not kept: over ``otel.max_spans_per_step``, too late, or lost to a failed write."""
+
+
 class Manifest(_Model):
     """Every window of one run, with its state, files and counts."""
 
@@ -180,6 +192,10 @@ class Manifest(_Model):
     windows: list[WindowRecord] = Field(default_factory=list)
     notes: list[Note] = Field(default_factory=list)
     timeline: list[TimelineFile] = Field(default_factory=list)
+    trace_salt: str | None = None
+    """The first half (16 hex digits) of the run's W3C trace ids; the second is the step."""
+    otel: OtelRecord | None = None
+    """The run's OTLP receiver, when ``otel.receive`` is on."""
     config: dict[str, Any] = Field(default_factory=dict)
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -208,6 +224,10 @@ class RunFile(_Model):
     notes: list[Note] = Field(default_factory=list)
     """Notes of no particular step."""
     timeline: list[TimelineFile] = Field(default_factory=list)
+    trace_salt: str | None = None
+    """The first half (16 hex digits) of the run's W3C trace ids; the second is the step."""
+    otel: OtelRecord | None = None
+    """The run's OTLP receiver, when ``otel.receive`` is on."""
     config: dict[str, Any] = Field(default_factory=dict)
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)

@@ -1,4 +1,5 @@
-"""Links in a merged step: flow arrows from each request span to the forward steps that served it.
+"""Links in a merged step: flow arrows from each request span to the forward steps that served
+it, and the servers' own spans of each request (OpenTelemetry) nested under it.
 
 A forward step names the requests of its batch only where the server says so: the reference
 server records, inside ``forward_step#<k>``, a ``requests: <id>,<id>,... (+N more)`` record of
@@ -24,7 +25,9 @@ import heapq
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
+
+from aprof._timeline.recorder import span_id_of
 
 REQUESTS_RECORD = "requests: "
 """How the reference server's record of a forward step's request ids begins."""
@@ -58,12 +61,25 @@ class ForwardStep:
     ids: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class ServerSpan:
+    """A server's own span of one request (OpenTelemetry), as placed in the merged trace."""
+
+    name: str
+    begin: float
+    end: float
+    attributes: dict[str, Any]
+
+
 @dataclass
 class Links:
-    """Collects a merged step's request spans and forward steps; then draws the arrows."""
+    """Collects a merged step's request spans, forward steps and servers' request spans;
+    then draws the arrows and nests the servers' spans under their requests."""
 
     spans: dict[tuple[int, str], list[RequestSpan]] = field(default_factory=dict)
     steps: list[ForwardStep] = field(default_factory=list)
+    server: dict[str, ServerSpan] = field(default_factory=dict)
+    """The servers' request spans by their parent span id (the aprof request's)."""
     _open: dict[tuple[object, ...], dict[str, Any]] = field(default_factory=dict)
 
     def see_timeline(self, events: Iterable[dict[str, Any]]) -> None:
@@ -104,9 +120,38 @@ class Links:
                 ForwardStep(replica, step.get("pid"), step.get("tid"), step["ts"], tuple(ids))
             )
 
+    def see_otel(self, spans: Iterable[dict[str, Any]], base_ns: int) -> int:
+        """Take the servers' request spans (``otel/step_<n>.spans.jsonl`` lines), placed on
+        the merged clock (``base_ns``); the number that were not spans of a request."""
+        skipped = 0
+        for span in spans:
+            parent, begin, end = (
+                span.get("parent_span_id"),
+                span.get("start_ns"),
+                span.get("end_ns"),
+            )
+            attributes = span.get("attributes")
+            if (
+                not isinstance(parent, str)
+                or not _nanoseconds(begin)
+                or not _nanoseconds(end)
+                or end < begin
+                or not isinstance(attributes, dict)
+            ):
+                skipped += 1
+                continue
+            self.server[parent] = ServerSpan(
+                str(span.get("name")),
+                round((begin - base_ns) / 1000, 3),
+                round((end - base_ns) / 1000, 3),
+                attributes,
+            )
+        return skipped
+
     def events(self, notes: list[str], first_id: int) -> Iterator[dict[str, Any]]:
-        """The lanes and arrows, at most ``MAX_FLOWS``, their flow ids from ``first_id`` on
-        (the merged file's others lie below); a note in ``notes`` when more were found."""
+        """The lanes, arrows and servers' spans (arrows at most ``MAX_FLOWS``, their flow ids
+        from ``first_id`` on: the merged file's others lie below); a note in ``notes`` when
+        more were found."""
         pairs = list(self._pairs())
         if len(pairs) > MAX_FLOWS:
             notes.append(
@@ -117,7 +162,8 @@ class Links:
         served: dict[RequestSpan, list[ForwardStep]] = {}
         for span, step in pairs:
             served.setdefault(span, []).append(step)
-        lanes = _lanes(served)
+        nested = self._nested()
+        lanes = _lanes([*served, *(s for s in nested if s not in served)])
         yield from _lane_metadata(lanes)
         for span, tid in lanes.items():
             yield {
@@ -131,13 +177,28 @@ class Links:
                 "args": {
                     "request_id": span.request_id,
                     "replica": span.replica,
-                    "forward_steps": len(served[span]),
+                    "forward_steps": len(served.get(span, ())),
                 },
             }
+        for span, server in nested.items():
+            yield from _server_slices(span, server, lanes[span])
         for number, (span, step) in enumerate(pairs, start=first_id):
             flow = {"cat": CATEGORY, "name": _FLOW, "id": number}
             yield {**flow, "ph": "s", "pid": span.pid, "tid": lanes[span], "ts": span.begin}
             yield {**flow, "ph": "f", "bp": "e", "pid": step.pid, "tid": step.tid, "ts": step.ts}
+
+    def _nested(self) -> dict[RequestSpan, ServerSpan]:
+        """Each request span with the server's span of it: the one whose parent is the
+        request's span id (of its trace context)."""
+        if not self.server:
+            return {}
+        found: dict[RequestSpan, ServerSpan] = {}
+        for spans in self.spans.values():
+            server = self.server.get(span_id_of(spans[0].request_id))
+            if server is not None:
+                # An id used twice: the span that holds the server's, else the nearest.
+                found[min(spans, key=lambda s: abs(s.begin - server.begin))] = server
+        return found
 
     def _pairs(self) -> Iterator[tuple[RequestSpan, ForwardStep]]:
         """Each (request span, forward step naming it) of one replica, by forward step time."""
@@ -197,12 +258,44 @@ def _enclosing(slices: list[tuple[float, float, int]], ts: float) -> int | None:
     return None
 
 
-def _lanes(served: dict[RequestSpan, list[ForwardStep]]) -> dict[RequestSpan, int]:
+PHASES = (
+    ("queued", "gen_ai.latency.time_in_queue"),
+    ("prefill", "gen_ai.latency.time_in_model_prefill"),
+    ("decode", "gen_ai.latency.time_in_model_decode"),
+)
+"""The phases of a server's request span, in order, and the attribute (seconds) giving each
+(vLLM's names)."""
+
+
+def _server_slices(span: RequestSpan, server: ServerSpan, tid: int) -> Iterator[dict[str, Any]]:
+    """The server's span nested under its request's lane slice, its phases under it: each
+    kept within its parent, as a thread's slices must nest (clocks of two hosts may not)."""
+    begin = min(max(server.begin, span.begin), span.end)
+    end = max(min(server.end, span.end), begin)
+    base = {"cat": "aprof.server", "pid": span.pid, "tid": tid, "ph": "X"}
+    args = {"request_id": span.request_id, **server.attributes}
+    yield {**base, "name": server.name, "ts": begin, "dur": round(end - begin, 3), "args": args}
+    at = begin
+    for phase, key in PHASES:
+        seconds = server.attributes.get(key)
+        if not isinstance(seconds, int | float) or isinstance(seconds, bool) or seconds <= 0:
+            continue
+        phase_end = min(at + seconds * 1e6, end)
+        if phase_end > at:
+            yield {**base, "name": phase, "ts": round(at, 3), "dur": round(phase_end - at, 3)}
+        at = phase_end
+
+
+def _nanoseconds(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _lanes(linked: Iterable[RequestSpan]) -> dict[RequestSpan, int]:
     """A thread id per linked request: per process and replica, as few lanes as overlapping
     requests need (a thread's slices must nest, and requests overlap without nesting)."""
     lanes: dict[RequestSpan, int] = {}
     groups: dict[tuple[int, int], list[RequestSpan]] = defaultdict(list)
-    for span in served:
+    for span in linked:
         groups[(span.pid, span.replica)].append(span)
     used: dict[int, int] = defaultdict(int)  # lanes per process so far
     for (pid, _), spans in sorted(groups.items()):

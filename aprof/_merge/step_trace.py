@@ -37,7 +37,8 @@ from aprof._manifest import Manifest, WindowRecord, load_manifest
 from aprof._merge.archive import ArchiveFile
 from aprof._merge.archive import write as write_archive
 from aprof._merge.flows import Links
-from aprof._safe_files import open_folder, replace_file
+from aprof._otel import FOLDER as OTEL_FOLDER
+from aprof._safe_files import open_folder, read_regular, replace_file
 from aprof._trace_json import is_trace_json, read_trace_below, time_base, unreadable
 
 FOLDER = "merged"
@@ -246,6 +247,7 @@ def _document(
             yield text if first else b"," + text
             first = False
             output.events += count
+    _see_otel(root, step, output)
     for text, count in _texts(list(output.links.events(output.notes, output.next_flow))):
         yield text if first else b"," + text
         first = False
@@ -273,6 +275,44 @@ def _texts(events: list[dict[str, Any]]) -> Iterator[tuple[bytes, int]]:
     for start in range(0, len(events), _BATCH):
         batch = events[start : start + _BATCH]
         yield _ENCODE(batch)[1:-1].encode(), len(batch)
+
+
+def _see_otel(root: Path, step: int, output: _Output) -> None:
+    """Hand the servers' request spans of ``step`` (what the run's OTLP receiver filed) to the
+    links, listed with the other inputs that are not traces; a note for what is unreadable."""
+    name = f"step_{step}.spans.jsonl"
+    shown = f"{OTEL_FOLDER}/{name}"
+    try:
+        folder = open_folder(str(root), (OTEL_FOLDER,), create=False)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        output.notes.append(f"{shown}: not merged: {unreadable(exc)}")
+        return
+    try:
+        data = read_regular(name, MAX_INPUT_BYTES, dir_fd=folder)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        output.notes.append(f"{shown}: not merged: {unreadable(exc)}")
+        return
+    finally:
+        os.close(folder)
+    spans, bad = [], 0
+    for line in data.splitlines():
+        try:
+            span = json.loads(line)
+        except ValueError:
+            span = None
+        if isinstance(span, dict):
+            spans.append(span)
+        else:
+            bad += 1
+    del data
+    bad += output.links.see_otel(spans, output.base_ns)
+    output.others.append(shown)
+    if bad:
+        output.notes.append(f"{shown}: {bad} line(s) not a server's span of a request")
 
 
 def _collect_links(item: _Input, placed: list[dict[str, Any]], links: Links) -> None:

@@ -54,7 +54,7 @@ from collections import defaultdict
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from aprof._accounting import BASELINE, FACTOR, Ledger, StepAccount
 from aprof._manifest import Manifest, TimelineFile, WindowRecord, load_manifest
@@ -71,6 +71,7 @@ from aprof._report.model import (
     distribution,
 )
 from aprof._report.requests import Requests, StepRequests, gated_waits
+from aprof._report.server import server_sides
 from aprof._trace_json import read_trace_below, unreadable
 
 RUN_VALUES = 100_000
@@ -130,15 +131,18 @@ def collect(save_path: str | os.PathLike[str]) -> RunReport:
     if not manifest.timeline:
         notes += ("no timeline in this run (timeline.enable: false?): no request latencies",)
     profiled, unprofiled = _run_latencies(ledger, set(by_step))
+    found = tuple(ledger.accounts(*_anomaly_rule(manifest)))
+    server, unread = server_sides(root, found)
     return RunReport(
         run_id=manifest.run_id,
         save_path=root,
         steps=steps,
         latency_profiled=profiled,
         latency_unprofiled=unprofiled,
-        problems=tuple(problems),
+        problems=(*problems, *unread),
         notes=notes,
-        accounts=tuple(ledger.accounts(*_anomaly_rule(manifest))),
+        accounts=found,
+        server=server,
     )
 
 
@@ -190,6 +194,8 @@ class Accounting(NamedTuple):
     problems: tuple[str, ...]
     """Run-wide problems: the manifest's notes of no step, timelines that cannot be read."""
     notes: tuple[str, ...]
+    server: dict[int, Any] = {}  # noqa: RUF012 (a NamedTuple's default, never changed)
+    """Per step with the servers' own spans, their side (:mod:`aprof._report.server`)."""
 
 
 def accounting(save_path: str | os.PathLike[str]) -> Accounting:
@@ -209,12 +215,15 @@ def accounting(save_path: str | os.PathLike[str]) -> Accounting:
     problems += _read_timelines(root, manifest, requests, skip=taken.accounted)
     if not manifest.timeline:
         notes.append("no timeline in this run (timeline.enable: false?): no request latencies")
+    found = tuple(ledger.accounts(*_anomaly_rule(manifest)))
+    server, unread = server_sides(root, found)
     return Accounting(
         run_id=manifest.run_id,
         save_path=root,
-        accounts=tuple(ledger.accounts(*_anomaly_rule(manifest))),
-        problems=tuple(problems),
+        accounts=found,
+        problems=(*problems, *unread),
         notes=tuple(notes),
+        server=server,
     )
 
 

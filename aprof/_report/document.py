@@ -2,7 +2,9 @@
 
 ``{"run_id", "save_path", "summary": {...}, "steps": [...], "problems": [...], "notes": [...]}``:
 ``steps`` holds every step with a span (:meth:`aprof._accounting.StepAccount.as_json` gives
-each one's names), ``summary`` the run at a glance (:func:`aprof._accounting.summary`).
+each one's names, and ``server`` the servers' own side of its requests where the run received
+their spans: :mod:`aprof._report.server`), ``summary`` the run at a glance
+(:func:`aprof._accounting.summary`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ def document(report: Accounting | RunReport) -> dict[str, Any]:
         "run_id": report.run_id,
         "save_path": str(report.save_path),
         "summary": summary(report.accounts),
-        "steps": [account.as_json() for account in report.accounts],
+        "steps": [
+            {**account.as_json(), "server": report.server.get(account.step)}
+            for account in report.accounts
+        ],
         "problems": list(report.problems),
         "notes": list(report.notes),
     }

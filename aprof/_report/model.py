@@ -12,6 +12,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aprof._accounting import StepAccount
 
@@ -121,6 +122,8 @@ class RunReport:
     accounts: tuple[StepAccount, ...] = ()
     """Every step with a span on the driver's timeline, profiled or not: where its time
     went (:mod:`aprof._accounting`)."""
+    server: dict[int, Any] = field(default_factory=dict)
+    """Per step with the servers' own spans, their side (:mod:`aprof._report.server`)."""
 
 
 def distribution(values: Sequence[float], count: int | None = None) -> Distribution:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Iterable
+from typing import Any
 
 from aprof._accounting import StepAccount
 from aprof._accounting import summary as run_summary
@@ -32,6 +33,7 @@ def render(report: RunReport) -> str:
         lines += ["", f"step {step.step}"]
         lines += _table(step.windows)
         lines += _numbers(step)
+        lines += _server(report.server.get(step.step))
     lines += ["", *_run_wide(report)]
     if report.notes:
         lines += ["", "notes:"]
@@ -181,6 +183,35 @@ def _numbers(step: StepReport) -> list[str]:
     for name, found in sorted(step.stages.items()):
         lines += _wrapped([f"stage       {name}  {_dist(found)}"], _INDENT)
     return lines
+
+
+def _server(side: dict[str, Any] | None) -> list[str]:
+    """The servers' own side of the step's requests (their OpenTelemetry spans), and where
+    its slowest requests' time went."""
+    if not side or not side["spans"]:
+        return []
+    phases = "  ".join(
+        f"{name} p50 {_ms(found['p50'])}"
+        for name, key in (("queued", "queued_s"), ("prefill", "prefill_s"), ("decode", "decode_s"))
+        if (found := side[key]) is not None
+    )
+    lines = [f"server      n={side['spans']:<5} {phases}"]
+    for slow in side["slowest"]:
+        served = slow["server"]
+        if served is None:
+            continue
+        parts = [
+            f"{name} {_ms(served.get(key))}"
+            for name, key in (
+                ("queued", "queued_s"),
+                ("prefill", "prefill_s"),
+                ("decode", "decode_s"),
+            )
+        ]
+        if served.get("gap_s") is not None:
+            parts.append(f"network and client {_ms(served['gap_s'])}")
+        lines.append(f"  slowest {slow['request_id']}: {', '.join(parts)}")
+    return _wrapped(lines, _INDENT)
 
 
 def _run_wide(report: RunReport) -> list[str]:

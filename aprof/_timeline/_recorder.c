@@ -942,6 +942,7 @@ typedef struct {
     PyObject_HEAD
     PyObject *admit; /* called with the request while `live` */
     PyObject *step;  /* the global step now open, or None */
+    PyObject *trace_salt; /* None, or an exact str of 16 lowercase hex digits, not all 0 */
     char live;       /* the step now open has rollout windows */
     long long first_ns; /* the first request of `step` entered then (0: none yet) */
     long long last_ns;  /* the last request of `step` to end ended then (0: none yet) */
@@ -970,6 +971,7 @@ gate_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     }
     self->admit = Py_NewRef(admit);
     self->step = Py_NewRef(Py_None);
+    self->trace_salt = Py_NewRef(Py_None);
     self->live = 0;
     self->first_ns = 0;
     self->last_ns = 0;
@@ -997,7 +999,62 @@ gate_dealloc(Gate *self)
 {
     PyObject_GC_UnTrack(self);
     gate_clear(self);
+    Py_XDECREF(self->trace_salt); /* None or a str: never part of a cycle */
     Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+gate_get_trace_salt(Gate *self, void *closure)
+{
+    return Py_NewRef(self->trace_salt);
+}
+
+/* Whether `text` (an exact str) is 16 lowercase hex digits, not all zero. */
+static int
+is_salt(PyObject *text)
+{
+    if (PyUnicode_GET_LENGTH(text) != 16 || !PyUnicode_IS_ASCII(text)) {
+        return 0;
+    }
+    const Py_UCS1 *c = PyUnicode_1BYTE_DATA(text);
+    int zero = 1;
+    for (int i = 0; i < 16; i++) {
+        if (!((c[i] >= '0' && c[i] <= '9') || (c[i] >= 'a' && c[i] <= 'f'))) {
+            return 0;
+        }
+        zero &= c[i] == '0';
+    }
+    return !zero;
+}
+
+/* `gate.trace_salt = s`: 16 lowercase hex digits, not all zero (a str subclass's own
+   characters, kept as a plain str), or None. */
+static int
+gate_set_trace_salt(Gate *self, PyObject *value, void *closure)
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "cannot delete trace_salt");
+        return -1;
+    }
+    if (value != Py_None && !PyUnicode_Check(value)) {
+        PyErr_Format(PyExc_TypeError,
+                     "trace_salt must be a str of 16 lowercase hex digits or None, not %.200s",
+                     Py_TYPE(value)->tp_name);
+        return -1;
+    }
+    /* A subclass's own characters, whatever it overrides: no code of its runs. */
+    PyObject *text = value == Py_None ? Py_NewRef(value) : PyUnicode_FromObject(value);
+    if (text == NULL) {
+        return -1;
+    }
+    if (text != Py_None && !is_salt(text)) {
+        Py_DECREF(text);
+        PyErr_SetString(PyExc_ValueError,
+                        "trace_salt must be 16 lowercase hex digits, not all zero");
+        return -1;
+    }
+    Py_SETREF(self->trace_salt, text);
+    return 0;
 }
 
 static PyMemberDef gate_members[] = {
@@ -1014,6 +1071,14 @@ static PyMemberDef gate_members[] = {
     {NULL},
 };
 
+static PyGetSetDef gate_getset[] = {
+    {"trace_salt", (getter)gate_get_trace_salt, (setter)gate_set_trace_salt,
+     "The run's part of each trace id: 16 lowercase hex digits, not all zero; None: requests "
+     "give no traceparent.",
+     NULL},
+    {NULL},
+};
+
 static PyTypeObject Gate_Type = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "aprof._timeline._recorder.Gate",
@@ -1021,10 +1086,12 @@ static PyTypeObject Gate_Type = {
     .tp_dealloc = (destructor)gate_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "Gate(admit): what a request asks of its profiler as it enters, and nothing "
-              "more:\nthe step now open, whether it has rollout windows, and admit(request).",
+              "more:\nthe step now open, whether it has rollout windows, and admit(request); "
+              "trace_salt\nmakes the run's trace ids (see Request.traceparent).",
     .tp_traverse = (traverseproc)gate_traverse,
     .tp_clear = (inquiry)gate_clear,
     .tp_members = gate_members,
+    .tp_getset = gate_getset,
     .tp_new = gate_new,
 };
 
@@ -1397,6 +1464,118 @@ request_set_turn(Request *self, PyObject *value, void *closure)
     return 0;
 }
 
+/* -- traceparent: W3C trace context ---------------------------------------------------- */
+
+#define FNV_OFFSET 0xcbf29ce484222325ULL
+#define FNV_PRIME 0x100000001b3ULL
+#define TRACEPARENT_LEN 55 /* "00-" trace id (32) "-" span id (16) "-01" */
+
+/* The 64-bit FNV-1a hash of `n` bytes; 1 where that is 0 (a span id is never all zero). */
+static uint64_t
+fnv1a(const unsigned char *bytes, Py_ssize_t n)
+{
+    uint64_t h = FNV_OFFSET;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        h = (h ^ bytes[i]) * FNV_PRIME;
+    }
+    return h == 0 ? 1 : h;
+}
+
+/* The span id of a request id (a str, of a subclass too: its own characters): the FNV-1a
+   hash of its UTF-8 bytes, lone surrogates as the timeline writes them. 0 with an error set
+   on failure. */
+static uint64_t
+span_of_str(PyObject *text)
+{
+    if (PyUnicode_IS_ASCII(text)) {
+        return fnv1a(PyUnicode_1BYTE_DATA(text), PyUnicode_GET_LENGTH(text));
+    }
+    PyObject *utf8 = PyUnicode_AsEncodedString(text, "utf8", "surrogatepass");
+    if (utf8 == NULL) {
+        return 0;
+    }
+    uint64_t h = fnv1a((const unsigned char *)PyBytes_AS_STRING(utf8), PyBytes_GET_SIZE(utf8));
+    Py_DECREF(utf8);
+    return h;
+}
+
+/* 16 lowercase hex digits of `v` at `out`. */
+static void
+put_hex16(char *out, uint64_t v)
+{
+    static const char digits[] = "0123456789abcdef";
+    for (int i = 15; i >= 0; i--) {
+        out[i] = digits[v & 0xf];
+        v >>= 4;
+    }
+}
+
+static PyObject *
+request_get_traceparent(Request *self, void *closure)
+{
+    Gate *gate = self->gate;
+    PyObject *salt = gate->trace_salt;
+    if (salt == Py_None) {
+        Py_RETURN_NONE;
+    }
+    /* The step the request entered in; before it entered, the gate's now. */
+    PyObject *step = self->begin != 0 ? self->step : gate->step;
+    uint64_t step_bits = UINT64_MAX; /* None: outside any step */
+    if (step != NULL && step != Py_None) {
+        if (!PyLong_Check(step)) {
+            PyErr_Format(PyExc_TypeError, "a request's step must be an int or None, not %.200s",
+                         Py_TYPE(step)->tp_name);
+            return NULL;
+        }
+        /* Modulo 2**64; an int subclass's own value, no code of its runs. */
+        step_bits = (uint64_t)PyLong_AsUnsignedLongLongMask(step);
+        if (step_bits == UINT64_MAX && PyErr_Occurred()) {
+            return NULL;
+        }
+    }
+    uint64_t span;
+    if (PyUnicode_Check(self->request_id)) {
+        span = span_of_str(self->request_id);
+        if (span == 0) {
+            return NULL;
+        }
+    }
+    else { /* no request id: the request's address, distinct for each live one */
+        unsigned char address[8];
+        uint64_t a = (uint64_t)(uintptr_t)self;
+        for (int i = 0; i < 8; i++) {
+            address[i] = (unsigned char)(a >> (8 * i));
+        }
+        span = fnv1a(address, 8);
+    }
+    char out[TRACEPARENT_LEN];
+    memcpy(out, "00-", 3);
+    memcpy(out + 3, PyUnicode_1BYTE_DATA(salt), 16);
+    put_hex16(out + 19, step_bits);
+    out[35] = '-';
+    put_hex16(out + 36, span);
+    memcpy(out + 52, "-01", 3);
+    return PyUnicode_FromStringAndSize(out, TRACEPARENT_LEN);
+}
+
+/* span_id_of(request_id): the span id a request with this id has in its traceparent. */
+static PyObject *
+span_id_of(PyObject *module, PyObject *request_id)
+{
+    if (!PyUnicode_Check(request_id)) {
+        PyErr_Format(PyExc_TypeError, "span_id_of() request_id must be a str, not %.200s",
+                     Py_TYPE(request_id)->tp_name);
+        return NULL;
+    }
+    uint64_t span = span_of_str(request_id);
+    if (span == 0) {
+        return NULL;
+    }
+    char out[16];
+    put_hex16(out, span);
+    return PyUnicode_FromStringAndSize(out, 16);
+}
+
 static PyObject *
 request_repr(Request *self)
 {
@@ -1446,6 +1625,14 @@ static PyGetSetDef request_getset[] = {
     {"turn", (getter)request_get_turn, (setter)request_set_turn,
      "Which turn of its trajectory the request is (0: the first), when the client knows it.",
      NULL},
+    {"traceparent", (getter)request_get_traceparent, NULL,
+     "The request's W3C trace context, as a ``traceparent`` header value: one trace per step "
+     "of the run,\nthe request's own span id; None when the profiler gives none (its gate has "
+     "no trace_salt).\n\n"
+     "The trace id is the gate's trace_salt and the step (the request's once it entered, the "
+     "gate's\nbefore; ffffffffffffffff for none) in 16 hex digits; the span id is span_id_of "
+     "the request id,\nor of the request's address without one.",
+     NULL},
     {NULL},
 };
 
@@ -1472,12 +1659,21 @@ static PyTypeObject Request_Type = {
 
 /* -- the module ------------------------------------------------------------------------ */
 
+static PyMethodDef recorder_functions[] = {
+    {"span_id_of", (PyCFunction)span_id_of, METH_O,
+     "span_id_of(request_id) -> str: the span id, 16 lowercase hex digits, of the request with "
+     "this id\nin its traceparent: the 64-bit FNV-1a hash of its UTF-8 bytes (1 where that is "
+     "0)."},
+    {NULL},
+};
+
 static struct PyModuleDef recorder_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "aprof._timeline._recorder",
-    .m_doc = "The timeline's hot path in C: Gate, Recorder, Span, Request and NULL_SPAN "
-             "(pyrecorder.py is its twin).",
+    .m_doc = "The timeline's hot path in C: Gate, Recorder, Span, Request, NULL_SPAN and "
+             "span_id_of (pyrecorder.py is its twin).",
     .m_size = -1,
+    .m_methods = recorder_functions,
 };
 
 static int

@@ -30,6 +30,12 @@ _TRAJECTORY: Final = 256
 """The longest trajectory, in characters (``M_TRAJECTORY`` in C)."""
 _PLAIN: Final = frozenset({type(None), bool, int, float, str})
 """The types recorded as they are, tuples aside."""
+_MASK64: Final = 0xFFFFFFFFFFFFFFFF
+_HEX: Final = frozenset("0123456789abcdef")
+_NO_STEP: Final = "f" * 16
+"""A traceparent's step outside any step."""
+_FNV_OFFSET: Final = 0xCBF29CE484222325
+_FNV_PRIME: Final = 0x100000001B3
 
 
 @final
@@ -39,9 +45,10 @@ class Gate:
     ``step`` is the global step now open, ``live`` whether that step has rollout windows;
     while it has, each request calls ``admit(request)``, which counts it into its replica's
     window and returns ``None`` if it may go now, or what it awaits first (the window's start).
+    ``trace_salt`` makes the run's trace ids (see :attr:`Request.traceparent`).
     """
 
-    __slots__ = ("admit", "first_ns", "last_ns", "live", "step")
+    __slots__ = ("_trace_salt", "admit", "first_ns", "last_ns", "live", "step")
 
     def __init__(self, admit: Callable[[Request], Awaitable[Request] | None], /) -> None:
         if not callable(admit):
@@ -55,6 +62,26 @@ class Gate:
         """When the first request of ``step`` entered (monotonic ns); 0 until one has."""
         self.last_ns = 0
         """When the last request of ``step`` to end ended (monotonic ns); 0 until one has."""
+        self._trace_salt: str | None = None
+
+    @property
+    def trace_salt(self) -> str | None:
+        """The run's part of each trace id: 16 lowercase hex digits, not all zero; ``None``:
+        requests give no ``traceparent``."""
+        return self._trace_salt
+
+    @trace_salt.setter
+    def trace_salt(self, value: str | None) -> None:
+        if value is not None:
+            if not isinstance(value, str):
+                raise TypeError(
+                    "trace_salt must be a str of 16 lowercase hex digits or None, "
+                    f"not {type(value).__name__}"
+                )
+            value = str.__str__(value)  # a str subclass's own characters, as a plain str
+            if len(value) != 16 or not _HEX.issuperset(value) or value == "0" * 16:
+                raise ValueError("trace_salt must be 16 lowercase hex digits, not all zero")
+        self._trace_salt = value
 
 
 @final
@@ -305,6 +332,27 @@ class Request:
         self._turn = None if value is None else _count(value, "turn", "an int or None")
 
     @property
+    def traceparent(self) -> str | None:
+        """The request's W3C trace context, as a ``traceparent`` header value: one trace per
+        step of the run, the request's own span id; ``None`` when the profiler gives none
+        (its gate has no ``trace_salt``).
+
+        The trace id is the gate's ``trace_salt`` and the step (the request's once it
+        entered, the gate's before; ``ffffffffffffffff`` for none) in 16 hex digits; the span
+        id is :func:`span_id_of` the request id, or of the request's address without one."""
+        gate = self._gate
+        salt = gate._trace_salt
+        if salt is None:
+            return None
+        step = _step_hex(self._step if self._begin else gate.step)
+        request_id = self._request_id
+        if isinstance(request_id, str):
+            span = _fnv1a(str.encode(request_id, "utf-8", "surrogatepass"))
+        else:  # distinct for each live request
+            span = _fnv1a((id(self) & _MASK64).to_bytes(8, "little"))
+        return f"00-{salt}{step}-{span:016x}-01"
+
+    @property
     def gated(self) -> bool:
         """The request waited for its replica's capture to start."""
         return self._gated
@@ -400,6 +448,32 @@ class Request:
             f"Request(replica={self._replica!r}, request_id={self._request_id!r}, "
             f"step={self._step!r}, gated={self._gated}, captured={self._captured})"
         )
+
+
+def span_id_of(request_id: str) -> str:
+    """The span id, 16 lowercase hex digits, of the request with this id in its
+    ``traceparent``: the 64-bit FNV-1a hash of its UTF-8 bytes (1 where that is 0)."""
+    if not isinstance(request_id, str):
+        raise TypeError(f"span_id_of() request_id must be a str, not {type(request_id).__name__}")
+    return f"{_fnv1a(str.encode(request_id, 'utf-8', 'surrogatepass')):016x}"
+
+
+def _fnv1a(data: bytes) -> int:
+    """The 64-bit FNV-1a hash of ``data``; 1 where that is 0 (a span id is never all zero)."""
+    h = _FNV_OFFSET
+    for byte in data:
+        h = ((h ^ byte) * _FNV_PRIME) & _MASK64
+    return h or 1
+
+
+def _step_hex(step: object) -> str:
+    """A traceparent's step: 16 lowercase hex digits of ``step`` (modulo 2**64), or
+    ``ffffffffffffffff`` for ``None``."""
+    if step is None:
+        return _NO_STEP
+    if not isinstance(step, int):
+        raise TypeError(f"a request's step must be an int or None, not {type(step).__name__}")
+    return f"{int.__index__(step) & _MASK64:016x}"
 
 
 def _check_recorder(recorder: object) -> None:

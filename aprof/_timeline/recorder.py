@@ -18,7 +18,15 @@ NO_EXTENSIONS = os.environ.get("APROF_NO_EXTENSIONS", "") not in ("", "0")
 
 BACKEND: Backend
 if TYPE_CHECKING or NO_EXTENSIONS:
-    from aprof._timeline.pyrecorder import NULL_SPAN, Gate, NullSpan, Recorder, Request, Span
+    from aprof._timeline.pyrecorder import (
+        NULL_SPAN,
+        Gate,
+        NullSpan,
+        Recorder,
+        Request,
+        Span,
+        span_id_of,
+    )
 
     BACKEND = "python"
 else:
@@ -30,6 +38,7 @@ else:
             Recorder,
             Request,
             Span,
+            span_id_of,
         )
 
         BACKEND = "c"
@@ -41,6 +50,7 @@ else:
             Recorder,
             Request,
             Span,
+            span_id_of,
         )
 
         BACKEND = "python"
@@ -52,4 +62,13 @@ def timeline_backend() -> Backend:
     return BACKEND
 
 
-__all__ = ["BACKEND", "NULL_SPAN", "Gate", "NullSpan", "Recorder", "Request", "Span"]
+__all__ = [
+    "BACKEND",
+    "NULL_SPAN",
+    "Gate",
+    "NullSpan",
+    "Recorder",
+    "Request",
+    "Span",
+    "span_id_of",
+]

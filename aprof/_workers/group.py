@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from aprof._capture import CaptureResult, TargetKind, Window, WorkerCapture
+from aprof._capture import CaptureResult, TargetKind, Window, WorkerCapture, WorkerTimeline
 from aprof._config import ConfigSource, LimitsConfig, TimeoutsConfig, load_config
 from aprof._errors import TargetError, WorkerGroupError, describe
 from aprof._layout import check_name
@@ -66,6 +66,10 @@ class LocalWorker:
     async def end(self) -> list[WorkerCapture]:
         """See :meth:`end_step`."""
         return self.end_step()
+
+    async def timeline(self) -> WorkerTimeline | None:
+        """See :meth:`WorkerProfiler.hand_over_timeline`."""
+        return self.profiler.hand_over_timeline()
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +167,14 @@ class WorkerGroup:
     async def forward_steps(self) -> int | None:
         """Engine workers have no forward-step counter."""
         return None
+
+    async def timelines(self) -> list[WorkerTimeline]:
+        """The timelines of the selected ranks as written so far, asked of all at once (each
+        bounded as an end is); a rank that fails or has none is left out."""
+        found = await asyncio.gather(
+            *(self._call(w.rank, "timeline", w.timeline, self._end_s) for w in self.selected)
+        )
+        return [t for t in found if isinstance(t, WorkerTimeline)]
 
     def _bounds(self, timeouts: TimeoutsConfig) -> None:
         self._begin_s = RANK_SHARE * timeouts.start_s

@@ -10,23 +10,32 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import wait
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
-from aprof._capture import CaptureFile, WorkerCapture
+from aprof._accounting import STAGE
+from aprof._capture import CaptureFile, WorkerCapture, WorkerTimeline
 from aprof._config import ConfigSource, ProfilerConfig, ScheduleConfig, load_config
+from aprof._core.process_timeline import open_timeline
 from aprof._errors import ConfigError, TargetError
 from aprof._layout import OutputLayout, check_name, safe_name, size_of
 from aprof._logging import logger
 from aprof._safe_files import HeldFolder
+from aprof._timeline.recorder import Span
 
 if TYPE_CHECKING:
     from aprof.abc import CaptureTool
 
 CAPTURES_FILE = "captures.json"
+
+HAND_OVER_SHARE = 0.5
+"""The share of ``timeouts.stop_s`` a rank waits, as it hands its timeline to the driver, for
+the write of what it recorded since the last one (what is not written by then comes next
+time): within the bound of the driver's call (``RANK_SHARE``)."""
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -89,10 +98,11 @@ def _release(capture: _Open) -> None:
 
 
 class WorkerProfiler:
-    """Captures of one role in one worker process, for the selected global steps.
+    """Captures of one role in one worker process, for the selected global steps, and the
+    rank's trainer stages on its own timeline, in every step.
 
-    Only selected ranks capture; on the others every call is a flag check. Tool errors fail
-    only the capture they hit (see ``captures``) and never reach the training code.
+    Only selected ranks capture and record; on the others every call is a flag check. Tool
+    errors fail only the capture they hit (see ``captures``) and never reach the training code.
     """
 
     def __init__(
@@ -128,6 +138,23 @@ class WorkerProfiler:
         self._stage_calls: dict[str, int] = {}  # discrete captures per stage name in this step
         self._schedule = _schedule_of(self.config)
         self._stepping: CaptureTool | None = None  # the tool of a scheduled capture in progress
+        self._global: int | None = None  # the global step in progress, profiled or not
+        self._timeline = (
+            open_timeline(
+                self.config.timeline,
+                root=self._layout.root,
+                process=f"{self.role}-rank{self.rank}-{os.getpid()}",
+            )
+            if self._selected
+            else None
+        )
+        """This rank's timeline: its stages in every step (selected ranks, ``timeline.enable``)."""
+
+    @property
+    def records_stages(self) -> bool:
+        """This rank records its stages on its own timeline, in every step (a selected rank,
+        with ``timeline.enable``, and ``save_path`` writable here)."""
+        return self._timeline is not None and self._timeline.recorder is not None
 
     @property
     def current_step(self) -> int | None:
@@ -148,6 +175,7 @@ class WorkerProfiler:
     def begin_step(self, step: int) -> None:
         """Global step ``step`` begins (a step capture opens here unless discrete), if the
         config selects it."""
+        self._global = step
         if self.enabled:
             self._begin(step, step in self._steps)
 
@@ -156,9 +184,13 @@ class WorkerProfiler:
         step, whether the config selects it or a capture asked for it at run time
         (``aprof capture``, a trigger)."""
         if self._selected:
+            self._global = step
             self._begin(step, True)
 
     def _begin(self, step: int, captured: bool) -> None:
+        if self._open is not None and step == self._open.last_step:
+            self._step = step  # begun again (by the driver's window, then the rank): one step
+            return
         if self._open is not None and step != self._open.last_step + 1:
             self._stop()  # a continuous run broken off: steps skipped or repeated
         if not captured:
@@ -174,7 +206,11 @@ class WorkerProfiler:
             self._open.last_step = step
 
     def end_step(self) -> None:
-        """The current global step ends (a step capture closes unless its run goes on)."""
+        """The current global step ends (a step capture closes unless its run goes on), and
+        the stages recorded in it are written."""
+        self._global = None
+        if self._timeline is not None:
+            self._timeline.flush()
         step, self._step = self._step, None
         if step is None or self.discrete or self._open is None:
             return
@@ -208,8 +244,10 @@ class WorkerProfiler:
     # -- stages ------------------------------------------------------------------------------
 
     def stage(self, name: str) -> _Stage:
-        """A stage of the current step: ``with`` or ``async with``; a capture when discrete."""
-        if self._step is None:
+        """A stage of the current step: ``with`` or ``async with``; a span on the rank's
+        timeline in every step, and in a profiled one a named range of its capture (the
+        capture itself when discrete)."""
+        if self._step is None and not self.records_stages:
             return _NO_STAGE
         return _Stage(self, name)
 
@@ -217,7 +255,35 @@ class WorkerProfiler:
         """Decorate a function (sync or async) so that each call runs as stage ``name``."""
         return _decorator(name, lambda _args: self)
 
+    def hand_over_timeline(self) -> WorkerTimeline | None:
+        """This rank's timeline for the driver: what it recorded is written first (waited
+        for up to ``HAND_OVER_SHARE`` of ``timeouts.stop_s``); ``None`` without one."""
+        timeline = self._timeline
+        if timeline is None or timeline.timeline is None:
+            return None
+        written = timeline.flush()
+        if written is not None:
+            wait([written], timeout=HAND_OVER_SHARE * self.config.timeouts.stop_s)
+        return WorkerTimeline(
+            process=timeline.process,
+            files=tuple(f.model_dump(mode="json") for f in timeline.files()),
+            ledger=timeline.take_ledger(),
+        )
+
     # -- internals ---------------------------------------------------------------------------
+
+    def _stage_span(self, name: str) -> Span | None:
+        """The timeline span of stage ``name``, begun; ``None`` without a timeline."""
+        if self._timeline is None or self._timeline.recorder is None:
+            return None
+        span = Span(
+            self._timeline.recorder,
+            name,
+            {"aprof": STAGE, "role": self.role, "rank": self.rank},
+            self._global,
+        )
+        span.__enter__()
+        return span
 
     def _enter_stage(self, name: str) -> AbstractContextManager[object] | None:
         """Open what stage ``name`` needs; the returned named range must be exited later."""
@@ -335,15 +401,17 @@ class WorkerProfiler:
 class _Stage:
     """A stage, sync or async; the async form runs the same (short) calls in the loop."""
 
-    __slots__ = ("_name", "_profiler", "_range")
+    __slots__ = ("_name", "_profiler", "_range", "_span")
 
     def __init__(self, profiler: WorkerProfiler | None, name: str) -> None:
         self._profiler = profiler
         self._name = name
         self._range: AbstractContextManager[object] | None = None
+        self._span: Span | None = None
 
     def __enter__(self) -> None:
         if self._profiler is not None:
+            self._span = self._profiler._stage_span(self._name)
             self._range = self._profiler._enter_stage(self._name)
 
     def __exit__(
@@ -358,6 +426,9 @@ class _Stage:
                 named.__exit__(None, None, None)
             except Exception as error:
                 logger.warning("aprof stage end failed", stage=self._name, error=str(error))
+        span, self._span = self._span, None
+        if span is not None:
+            span.__exit__(exc_type, exc, tb)
 
     async def __aenter__(self) -> None:
         self.__enter__()

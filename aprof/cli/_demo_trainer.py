@@ -24,7 +24,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from aprof import LocalWorker, ProfilerConfig, WorkerCapture, WorkerProfiler, configure_logging
+from aprof import (
+    LocalWorker,
+    ProfilerConfig,
+    WorkerCapture,
+    WorkerProfiler,
+    WorkerTimeline,
+    configure_logging,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -150,6 +157,10 @@ class TrainerProcess:
         """Close the window; the captures it made."""
         return await asyncio.get_running_loop().run_in_executor(self._pool, _end)
 
+    async def timeline(self) -> WorkerTimeline | None:
+        """The trainer's timeline, with its ``update_policy`` stages."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, _timeline)
+
     async def update(self, texts: Sequence[str], rewards: Sequence[float]) -> float:
         """One global step's training (see ``Trainer.update``); the mean loss."""
         return await asyncio.get_running_loop().run_in_executor(
@@ -188,6 +199,11 @@ def _begin(step: int) -> None:
 def _end() -> list[WorkerCapture]:
     assert _worker is not None
     return _worker.end_step()
+
+
+def _timeline() -> WorkerTimeline | None:
+    assert _worker is not None
+    return _worker.profiler.hand_over_timeline()
 
 
 def _update(texts: list[str], rewards: list[float]) -> float:

@@ -37,6 +37,11 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model path or name (completes the command)")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (default: the engine's)")
+    parser.add_argument(
+        "--otel-endpoint",
+        metavar="URL",
+        help="aprof's OTLP receiver (default with otel.receive: http://<otel.host>:<otel.port>)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
             host=args.host,
             port=args.port,
             dialect=args.dialect,
+            otel_endpoint=args.otel_endpoint,
         )
         if args.command and not spec.command:
             raise ValueError(f"--command needs --model for engine {args.engine}")

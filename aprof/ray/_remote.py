@@ -12,10 +12,10 @@ from typing import Any
 
 from aprof._config import ProfilerConfig, load_config
 from aprof._control import CaptureAnswer, CaptureRequest
-from aprof._core.process_timeline import ProcessTimeline, Recording
+from aprof._core.process_timeline import Recording, open_timeline
 from aprof._core.sharing import Counts, Report, RolloutView
 from aprof._errors import ConfigError, UsageError, describe
-from aprof._layout import OutputLayout, check_name
+from aprof._layout import check_name
 from aprof._logging import logger
 from aprof._timeline.events import SPAN, now_ns
 from aprof._timeline.recorder import Gate, Request
@@ -89,6 +89,7 @@ class RemoteProfiler(Recording):
         self._gone = gone
         """Why the hub cannot be reached, if it cannot."""
         self._gate = Gate(self._admit)
+        self._gate.trace_salt = handle.trace_salt
         self._view = RolloutView(-1, None, False, {})
         self._known: dict[tuple[int, int], str | None] = {}
         """What asks settled since the view last changed: ``active`` (admit locally) or
@@ -103,7 +104,9 @@ class RemoteProfiler(Recording):
         self._watching: asyncio.Task[None] | None = None
         self._closing: asyncio.Task[None] | None = None
         """The close, begun by :meth:`aclose` or by the driver's closing view."""
-        self._timeline = self._open_timeline(Path(handle.save_path))
+        self._timeline = open_timeline(
+            self.config.timeline, root=Path(handle.save_path), process=self.name
+        )
         self._recorder = self._timeline.recorder
         self._apply(view)
         self._watch()
@@ -356,21 +359,6 @@ class RemoteProfiler(Recording):
             view = self._view
             self._view = RolloutView(view.version, view.step, False, {})
             self._gate.live = False
-
-    # -- this process's timeline ----------------------------------------------------------------
-
-    def _open_timeline(self, root: Path) -> ProcessTimeline:
-        """This process's timeline below ``root``; off when ``root`` cannot be written here."""
-        settings = self.config.timeline
-        if settings.enable:
-            try:
-                OutputLayout(root).check_writable()
-            except OSError as exc:
-                logger.warning(
-                    "timeline off: save_path not writable here", path=str(root), error=str(exc)
-                )
-                settings = settings.model_copy(update={"enable": False})
-        return ProcessTimeline(settings, root=root, process=self.name)
 
 
 def _end_if_cancelled(req: Request) -> Callable[[asyncio.Future[Request]], None]:

@@ -33,6 +33,8 @@ class ShareHandle:
     """The driver's ``save_path``: other processes write their timelines below it."""
     run_id: str
     """The driver's run, as its manifest names it."""
+    trace_salt: str | None = None
+    """The run's half of its W3C trace ids: other processes' requests join the run's traces."""
 
 
 def share(prof: Profiler | BlockingProfiler) -> ShareHandle:
@@ -79,6 +81,7 @@ def share(prof: Profiler | BlockingProfiler) -> ShareHandle:
         config=prof.config.model_dump(mode="json"),
         save_path=str(prof.save_path),
         run_id=prof.run_id,
+        trace_salt=prof.manifest.trace_salt,
     )
     link = _DriverLink(serving, handle)
     serving.link = link

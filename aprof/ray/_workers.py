@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from aprof._capture import WorkerCapture
+from aprof._capture import WorkerCapture, WorkerTimeline
 from aprof._config import ConfigSource
 from aprof._errors import TargetError, UsageError
 from aprof._workers import LocalWorker, WorkerGroup, WorkerProfiler
@@ -15,9 +15,10 @@ class ProfilerMixin:
     """Mixin for a Ray actor class that profiles one role of an engine worker.
 
     Call :meth:`init_profiler` in the constructor; ``@aprof.staged`` methods then use
-    ``self.profiler``. The driver's :func:`worker_group` calls :meth:`aprof_begin` and
-    :meth:`aprof_end`. Keep the actor single-threaded (Ray's default): a torch capture
-    must start and stop on one thread.
+    ``self.profiler``. The driver's :func:`worker_group` calls :meth:`aprof_begin`,
+    :meth:`aprof_end` and :meth:`aprof_timeline`. Keep the actor single-threaded (Ray's
+    default): a torch capture must start and stop on one thread, and the rank's timeline
+    records from one thread.
     """
 
     profiler: WorkerProfiler
@@ -44,6 +45,10 @@ class ProfilerMixin:
         """Close the window; its captures as plain records (``WorkerCapture`` fields)."""
         return end_window(self._aprof_local())
 
+    def aprof_timeline(self) -> dict[str, Any] | None:
+        """This actor's timeline as a plain record (``WorkerTimeline`` fields), if it has one."""
+        return hand_over(self._aprof_local())
+
     def _aprof_local(self) -> LocalWorker:
         worker: LocalWorker | None = getattr(self, "_aprof_worker", None)
         if worker is None:
@@ -65,6 +70,12 @@ def end_window(worker: LocalWorker) -> list[dict[str, Any]]:
     return [c.to_record() for c in worker.end_step()]
 
 
+def hand_over(worker: LocalWorker) -> dict[str, Any] | None:
+    """``worker``'s timeline as a plain record, which crosses to the driver."""
+    found = worker.profiler.hand_over_timeline()
+    return None if found is None else found.to_record()
+
+
 class _ActorWorker:
     """The driver's handle on one actor (a ``WorkerHandle``); its refs are awaited."""
 
@@ -78,6 +89,10 @@ class _ActorWorker:
     async def end(self) -> list[WorkerCapture]:
         records: list[dict[str, Any]] = await self.actor.aprof_end.remote()
         return [WorkerCapture.from_record(r) for r in records]
+
+    async def timeline(self) -> WorkerTimeline | None:
+        record: dict[str, Any] | None = await self.actor.aprof_timeline.remote()
+        return None if record is None else WorkerTimeline.from_record(record)
 
 
 def worker_group(

@@ -22,13 +22,13 @@ from verl.utils.profiler import (
     DistProfilerExtension,
 )
 
-from aprof._capture import WorkerCapture
+from aprof._capture import WorkerCapture, WorkerTimeline
 from aprof._config import ConfigSource, load_config
 from aprof._errors import UsageError
 from aprof._layout import check_name
 from aprof._logging import logger
 from aprof._workers import LocalWorker, WorkerGroup, WorkerProfiler
-from aprof.ray._workers import begin_window, end_window
+from aprof.ray._workers import begin_window, end_window, hand_over
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -96,7 +96,8 @@ class AprofDistProfiler(DistProfiler):  # type: ignore[misc, unused-ignore]
     """verl's ``DistProfiler`` over a ``WorkerProfiler``.
 
     verl's ``@DistProfiler.annotate`` wrapper asks it whether to profile (enabled rank, inside
-    a selected step) and then runs the method through its backend, as with verl's own tools.
+    a selected step, or a rank recording its stages) and then runs the method through its
+    backend, as with verl's own tools.
     """
 
     def __init__(self, wp: WorkerProfiler) -> None:
@@ -104,14 +105,17 @@ class AprofDistProfiler(DistProfiler):  # type: ignore[misc, unused-ignore]
         self.wp = wp
         self._impl = _Backend(wp)
 
+    # A rank that records its stages has every stage run through the backend, profiled
+    # step or not: the backend's stage is a timeline span, and a capture's range only
+    # inside a selected step.
     def check_enable(self) -> bool:
-        return self.wp.enabled
+        return self.wp.enabled or self.wp.records_stages
 
     def check_this_rank(self) -> bool:
-        return self.wp.enabled
+        return self.wp.enabled or self.wp.records_stages
 
     def check_this_step(self) -> bool:
-        return self.wp.current_step is not None
+        return self.wp.current_step is not None or self.wp.records_stages
 
     def is_discrete_mode(self) -> bool:
         return self.wp.discrete
@@ -175,6 +179,11 @@ class AprofWorkerMixin:
         """Close the window; its captures as plain records (``WorkerCapture`` fields)."""
         return end_window(self._aprof_local())
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[untyped-decorator, unused-ignore]
+    def aprof_timeline(self) -> dict[str, Any] | None:
+        """This worker's timeline as a plain record (``WorkerTimeline`` fields), if any."""
+        return hand_over(self._aprof_local())
+
     def _aprof_local(self) -> LocalWorker:
         if self._aprof_worker is None:
             raise UsageError(f"aprof's profiler of this worker failed: {self._aprof_error}")
@@ -228,12 +237,11 @@ class _VerlWorker:
     """The driver's handle on one worker of a verl group (a ``WorkerHandle``), called through
     verl's own per-worker dispatch; its ``ObjectRef``s are awaited."""
 
-    def __init__(self, wg: Any, worker: Any, rank: int, begin: str, end: str) -> None:
+    def __init__(self, wg: Any, worker: Any, rank: int, methods: tuple[str, str, str]) -> None:
         self.rank = rank
         self._wg = wg
         self._worker = worker
-        self._begin = begin
-        self._end = end
+        self._begin, self._end, self._timeline = methods
 
     async def begin(self, step: int) -> None:
         await self._wg._execute_remote_single_worker(
@@ -246,6 +254,12 @@ class _VerlWorker:
         )
         return [WorkerCapture.from_record(r) for r in records]
 
+    async def timeline(self) -> WorkerTimeline | None:
+        record: dict[str, Any] | None = await self._wg._execute_remote_single_worker(
+            self._worker, self._timeline
+        )
+        return None if record is None else WorkerTimeline.from_record(record)
+
 
 def worker_group(wg: Any, role: str, cfg: ConfigSource, *, name: str | None = None) -> WorkerGroup:
     """A capture target over the workers of verl ``RayWorkerGroup`` ``wg``, for ``role``.
@@ -257,8 +271,12 @@ def worker_group(wg: Any, role: str, cfg: ConfigSource, *, name: str | None = No
     """
     if not isinstance(wg, RayWorkerGroup):
         raise TypeError(f"worker_group takes a verl RayWorkerGroup, got {type(wg).__name__}")
-    begin, end = _method_name(wg, "aprof_begin"), _method_name(wg, "aprof_end")
-    handles = [_VerlWorker(wg, w, rank, begin, end) for rank, w in enumerate(wg.workers)]
+    methods = (
+        _method_name(wg, "aprof_begin"),
+        _method_name(wg, "aprof_end"),
+        _method_name(wg, "aprof_timeline"),
+    )
+    handles = [_VerlWorker(wg, w, rank, methods) for rank, w in enumerate(wg.workers)]
     return WorkerGroup(role, handles, cfg, name=name)
 
 

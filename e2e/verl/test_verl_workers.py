@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 import aprof
+from aprof._report import accounting
 
 pytest.importorskip("verl", reason="verl is not installed (nox -s verl installs 0.9.1)")
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'aprof[ray]')")
@@ -209,6 +210,14 @@ def test_e2e_steps_capture_verl_stages_on_every_rank(make_group: MakeGroup, tmp_
             assert {"mini_batch0", "mini_batch2"} <= names
     assert not (save_path / "step_2").exists()
     assert not (tmp_path / "verl").exists()  # verl's own torch profiler never wrote
+
+    # verl's annotated stages are on each rank's own timeline in every step, step 2 too: the
+    # driver runs no stage of its own, so the training time the report finds is theirs.
+    processes = {f.process.rsplit("-", 1)[0] for f in manifest.timeline}
+    assert {"actor-rank0", "actor-rank1"} <= processes
+    accounts = {a.step: a for a in accounting(save_path).accounts}
+    assert sorted(accounts) == [1, 2, 3]
+    assert all(a.train_s > 0 for a in accounts.values())
 
 
 def test_discrete_captures_each_stage_on_the_selected_rank_only(

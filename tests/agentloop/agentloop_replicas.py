@@ -33,6 +33,8 @@ class Replica:
     runner: web.AppRunner
     received: list[str | None] = field(default_factory=list)
     """The ``X-Request-Id`` of every completion request that reached the server, in order."""
+    traceparents: list[str | None] = field(default_factory=list)
+    """The ``traceparent`` of each of those requests."""
     stopped: bool = False
 
     @property
@@ -53,11 +55,13 @@ async def serve_replica(**fields: Any) -> AsyncIterator[Replica]:
     """Serve a reference server of ``fields`` (ReferenceConfig) on a free 127.0.0.1 port."""
     app = create_app(ReferenceConfig(**fields))
     received: list[str | None] = []
+    traceparents: list[str | None] = []
 
     @web.middleware
     async def count(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path in COMPLETION_PATHS:
             received.append(request.headers.get("X-Request-Id"))
+            traceparents.append(request.headers.get("traceparent"))
         return await handler(request)
 
     app.middlewares.insert(0, count)
@@ -70,7 +74,8 @@ async def serve_replica(**fields: Any) -> AsyncIterator[Replica]:
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         port = int(runner.addresses[0][1])
-        replica = Replica(url=f"http://127.0.0.1:{port}", runner=runner, received=received)
+        url = f"http://127.0.0.1:{port}"
+        replica = Replica(url=url, runner=runner, received=received, traceparents=traceparents)
         yield replica
     finally:
         await (replica.stop() if replica is not None else runner.cleanup())

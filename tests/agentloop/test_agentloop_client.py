@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import pickle
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 from agentloop_replicas import ReplicaFactory, Stall, serve_handler
 from aiohttp import web
 
+import aprof
 from agentloop import Api, LLMClient, LLMError
+from aprof._timeline.recorder import span_id_of
 from servers.process import free_port
 from servers.reference import Faults
 from servers.reference.tokenizer import decode
@@ -37,6 +39,33 @@ async def test_completion_text_and_counts(
     assert (out.replica, out.request_id, out.failed_over_from) == (0, "r-1", ())
     assert (out.step, out.gated, out.captured) == (None, False, False)  # no profiler
     assert server.received == ["r-1"]
+
+
+async def test_each_request_carries_its_w3c_trace_context(
+    replicas: ReplicaFactory, make_config: Callable[..., aprof.ProfilerConfig]
+) -> None:
+    """Through a profiler, every call sends the request's ``traceparent`` (one trace per
+    step, the request's own span); without one, none."""
+    async with (
+        asyncio.timeout(LIMIT_S),
+        replicas(1) as [server],
+        aprof.Profiler(make_config()) as prof,
+        LLMClient([server.url], prof=prof) as llm,
+    ):
+        for n in (1, 2):
+            async with prof.step(n):
+                await llm.generate("hi", max_tokens=1, request_id=f"s{n}")
+        await llm.generate("hi", max_tokens=1, request_id="after")
+    salt = prof.manifest.trace_salt
+    assert salt is not None
+    assert server.traceparents == [
+        f"00-{salt}{1:016x}-{span_id_of('s1')}-01",
+        f"00-{salt}{2:016x}-{span_id_of('s2')}-01",
+        f"00-{salt}{'f' * 16}-{span_id_of('after')}-01",  # outside any step
+    ]
+    async with replicas(1) as [plain], LLMClient([plain.url]) as llm:
+        await llm.generate("hi", max_tokens=1, request_id="r")
+    assert (plain.received, plain.traceparents) == (["r"], [None])
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])

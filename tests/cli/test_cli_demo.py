@@ -118,9 +118,14 @@ def test_demo_profiles_the_selected_steps(tmp_path: Path) -> None:
             (trace,) = [f for f in w.files if f.path.endswith(".pt.trace.json.gz")]
             names = {e.get("name") for e in _trace_events(out / trace.path)}
             assert {"update_policy", "mini_batch0"} <= names
-    # The timeline holds one request span per request the agent loops made.
-    (timeline,) = manifest.timeline
-    events = _trace_events(out / timeline.path)
+    # The driver's timeline holds one request span per request the agent loops made; the
+    # trainer's own, its update in each of the three steps.
+    driver, trainer = sorted(manifest.timeline, key=lambda f: f.process)
+    assert driver.process.startswith("driver-")
+    assert trainer.process.startswith("trainer-rank0-")
+    stages = [e for e in _trace_events(out / trainer.path) if e.get("ph") == "b" and "args" in e]
+    assert [(e["name"], e["args"]["aprof"]) for e in stages] == [("update_policy", "stage")] * 3
+    events = _trace_events(out / driver.path)
     requests = [e for e in events if e.get("ph") == "b" and e.get("cat") == "request"]
     turns = [e for e in events if e.get("ph") == "b" and e.get("name") == "turn"]
     assert len(requests) == len(turns) == 3 * 4 * 3  # steps x loops x turns

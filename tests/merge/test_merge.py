@@ -128,7 +128,8 @@ def test_a_failed_window_and_damaged_inputs_are_named_and_the_rest_merged(
     labels = set(processes(events).values())
     assert "replica_0 · frontend" in labels
     assert any(label.startswith("replica_1 · vLLM worker · python") for label in labels)
-    assert not any(label.startswith("trainer") for label in labels)
+    assert not any(label.startswith("trainer · rank") for label in labels)  # the capture's
+    assert any(label.startswith("trainer-rank0-") for label in labels)  # the rank's timeline
     assert not any(e.get("name") == "secret" for e in events)
 
 
@@ -219,7 +220,7 @@ def test_a_timeline_in_parts_is_one_process_whose_spans_cross_parts(
     run = tmp_path / "run"
     shutil.copytree(demo, run)
     listing = json.loads((run / "manifest.json").read_text())
-    (entry,) = listing["timeline"]
+    (entry,) = [e for e in listing["timeline"] if e["process"].startswith("driver-")]
     first = run / entry["path"]
     with gzip.open(first, "rt") as f:
         doc = json.load(f)
@@ -271,12 +272,17 @@ def test_the_perfetto_archive_pins_each_file_where_the_merged_trace_puts_it(
     driver_base = json.loads(gzip.decompress(files[reference["path"]]))["baseTimeNanoseconds"]
     for entry in pinned:
         own = json.loads(gzip.decompress(files[entry["path"]]))
-        first = next(e for e in own["traceEvents"] if e.get("ph") == "X")
+        # A capture's first complete slice, or a timeline's first span of the step.
+        first = next(
+            e
+            for e in own["traceEvents"]
+            if e.get("ph") == "X" or (e.get("ph") == "b" and e["args"].get("step") == 1)
+        )
         wall = driver_base + entry["clocks"]["offset_ns"] + round(first["ts"] * 1000)
         same = [
             doc["baseTimeNanoseconds"] + round(e["ts"] * 1000)
             for e in merged
-            if e.get("ph") == "X"
+            if e.get("ph") == first["ph"]
             and e.get("name") == first["name"]
             and e.get("dur") == first.get("dur")
         ]

@@ -21,6 +21,7 @@ import pytest
 
 import aprof
 import aprof.ray
+from aprof._timeline.recorder import span_id_of
 from aprof.ray._remote import UNGATED
 from aprof.testing import RecordingTarget, assert_windows
 
@@ -45,6 +46,8 @@ class Sent:
     """Wall clock before ``async with`` began."""
     admitted_ns: int
     """Wall clock once it went ahead."""
+    traceparent: str | None
+    """Its W3C trace context, read inside the request."""
 
 
 class LoopWorker:
@@ -87,8 +90,11 @@ class LoopWorker:
         entered = time.time_ns()
         async with self.remote.request(replica=replica, request_id=f"w{self.rank}") as req:
             admitted = time.time_ns()
+            traceparent = req.traceparent
             await (until.wait() if until is not None else asyncio.sleep(0))
-        return Sent(self.rank, replica, req.step, req.gated, req.captured, entered, admitted)
+        return Sent(
+            self.rank, replica, req.step, req.gated, req.captured, entered, admitted, traceparent
+        )
 
 
 Worker = ray.remote(LoopWorker)
@@ -246,6 +252,10 @@ async def test_a_request_keeps_the_step_its_process_admitted_it_in(
     assert (warm.step, warm.captured) == (1, True)
     assert {(s.step, s.captured) for s in early} == {(1, True)}
     assert {(s.step, s.captured) for s in late} == {(2, False)}
+    # Their trace context is the run's: one trace per step, as the driver's own requests'.
+    salt, span = prof.manifest.trace_salt, span_id_of("w0")
+    assert {s.traceparent for s in [warm, *early]} == {f"00-{salt}{1:016x}-{span}-01"}
+    assert {s.traceparent for s in late} == {f"00-{salt}{2:016x}-{span}-01"}
     assert_windows(prof.manifest, [{"step": 1, "state": "done", "requests.admitted": 9}])
 
 

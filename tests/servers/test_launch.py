@@ -41,6 +41,54 @@ def _contents(*contents: str) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
+# launch_spec: exporting the request spans to aprof's receiver (otel)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ["vllm", "vllm-ascend"])
+def test_vllm_exports_its_spans_over_otlp_http_to_the_receiver(engine: str) -> None:
+    spec = launch_spec(engine, _cfg(), version="0.32.0", otel_endpoint="http://10.0.0.2:4318/")
+    assert spec.args[-2:] == ["--otlp-traces-endpoint", "http://10.0.0.2:4318/v1/traces"]
+    assert spec.env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"
+    assert spec.env["OTEL_BSP_SCHEDULE_DELAY"] == "500"
+    assert "--collect-detailed-traces" not in spec.args  # costly: only when asked
+    detailed = launch_spec(
+        engine, _cfg(otel={"detailed": True}), version="0.32.0", otel_endpoint="http://h:1"
+    )
+    assert detailed.args[-2:] == ["--collect-detailed-traces", "all"]
+
+
+def test_the_receivers_address_comes_from_the_config_when_its_port_is_fixed() -> None:
+    cfg = _cfg(otel={"receive": True, "host": "::1", "port": 4318})
+    spec = launch_spec("sglang", cfg, version="0.5.23")
+    assert spec.args[-3:] == [
+        "--enable-trace",
+        "--otlp-traces-endpoint",
+        "http://[::1]:4318/v1/traces",
+    ]
+    assert spec.env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"
+    assert spec.env["SGLANG_OTLP_EXPORTER_SCHEDULE_DELAY_MILLIS"] == "500"
+    with pytest.raises(aprof.ConfigError, match=r"otel\.port: 0 picks a free port"):
+        launch_spec("vllm", _cfg(otel={"receive": True}), version="0.32.0")
+    plain = launch_spec("vllm", _cfg(), version="0.32.0")
+    assert not [a for a in plain.args if "otlp" in a] and "OTEL_BSP_SCHEDULE_DELAY" not in plain.env
+
+
+def test_the_reference_server_says_it_sends_no_spans() -> None:
+    spec = launch_spec("reference", _cfg(), version="0.32.0", otel_endpoint="http://h:1")
+    assert "the reference server sends no OpenTelemetry spans" in spec.notes
+    assert not [a for a in spec.args if "otlp" in a]
+
+
+def test_launch_args_prints_the_otel_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["launch-args", "--engine", "vllm", "--version", "0.32.0"]
+    assert main([*argv, "--otel-endpoint", "http://127.0.0.1:4318"]) == 0
+    out = capsys.readouterr().out
+    assert "export OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf" in out
+    assert "--otlp-traces-endpoint http://127.0.0.1:4318/v1/traces" in out
+
+
+# ---------------------------------------------------------------------------------------------
 # launch_spec: vLLM by era
 # ---------------------------------------------------------------------------------------------
 

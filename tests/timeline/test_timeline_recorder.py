@@ -24,35 +24,15 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from recorders import Impl, both, c_recorder
 
 import aprof
-from aprof._timeline import pyrecorder
 from aprof._timeline import recorder as chosen
 from aprof._timeline.events import REQUEST, SPAN
 from aprof._timeline.timeline import OPEN_AT_CLOSE
 from aprof.testing import RecordingTarget
 
 MakeConfig = Callable[..., aprof.ProfilerConfig]
-Impl = Any
-"""A recorder module: ``aprof._timeline._recorder`` or ``aprof._timeline.pyrecorder``."""
-
-try:
-    from aprof._timeline import _recorder as c_recorder
-except ImportError:  # installed without the C extension
-    c_recorder = None
-
-both = pytest.mark.parametrize(
-    "impl",
-    [
-        pytest.param(
-            c_recorder,
-            id="c",
-            marks=pytest.mark.skipif(c_recorder is None, reason="the C recorder is not built"),
-        ),
-        pytest.param(pyrecorder, id="python"),
-    ],
-)
-"""Run the test once with each recorder."""
 
 
 def _no_room_expected() -> None:

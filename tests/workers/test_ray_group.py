@@ -15,6 +15,7 @@ import pytest
 
 import aprof
 import aprof.ray
+from aprof._report import accounting
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'aprof[ray]')")
 torch = pytest.importorskip("torch")
@@ -78,6 +79,14 @@ def test_the_example_profiles_every_rank_stage_by_stage(tmp_path: Path) -> None:
         assert capture.stage in names
     assert not (tmp_path / "step_2").exists()
     assert "step 1 rank 1 done" in done.stdout
+
+    # Each rank's stages are on its own timeline in every step, listed by the driver: the
+    # driver runs no stage of its own, so the training time is theirs, step 2's included.
+    processes = {f.process.rsplit("-", 1)[0] for f in manifest.timeline}
+    assert {"actor-rank0", "actor-rank1"} <= processes
+    accounts = {a.step: a for a in accounting(tmp_path).accounts}
+    assert sorted(accounts) == [1, 2]
+    assert all(a.train_s > 0 for a in accounts.values())
 
 
 async def test_actor_killed_mid_window_fails_its_capture_only(

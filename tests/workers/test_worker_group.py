@@ -73,6 +73,9 @@ class ScriptedWorker:
         )
         return [capture]
 
+    async def timeline(self) -> aprof.WorkerTimeline | None:
+        return None  # a rank with no timeline of its own: the group lists none
+
     async def _misbehave(self, call: str) -> None:
         if self._behaviour == f"hang_{call}":
             await asyncio.Event().wait()

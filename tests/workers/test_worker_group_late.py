@@ -27,6 +27,9 @@ class IdleRank:
     async def end(self) -> list[aprof.WorkerCapture]:
         return []
 
+    async def timeline(self) -> aprof.WorkerTimeline | None:
+        return None
+
 
 class RayLikeWorker:
     """A double of a Ray actor handle over a LocalWorker (Ray cannot be told to be late on cue).
@@ -68,6 +71,9 @@ class RayLikeWorker:
             return self._local.end_step()
 
         return await asyncio.shield(self._send(call))
+
+    async def timeline(self) -> aprof.WorkerTimeline | None:
+        return await asyncio.shield(self._send(self._local.timeline))
 
 
 async def test_a_rank_that_begins_after_its_bound_is_still_ended(make_config: MakeConfig) -> None:

@@ -1,0 +1,193 @@
+"""The run's OTLP/HTTP receiver: fed by the OpenTelemetry SDK's own exporter (protobuf), by
+OTLP JSON, and by hostile bodies; spans filed by the step their trace id names, bounded,
+nothing written outside ``save_path``."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from google.protobuf import json_format
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from structlog.testing import capture_logs
+
+import aprof
+
+MakeConfig = Callable[..., aprof.ProfilerConfig]
+PROTOBUF = "application/x-protobuf"
+SPAN_ID = "00f067aa0ba902b7"
+
+
+def _traceparent(prof: aprof.Profiler, step: int | None, span_id: str = SPAN_ID) -> str:
+    salt = prof.manifest.trace_salt
+    assert salt is not None
+    return f"00-{salt}{'f' * 16 if step is None else f'{step:016x}'}-{span_id}-01"
+
+
+def _spans(prof: aprof.Profiler, name: str) -> list[dict[str, Any]]:
+    path = prof.save_path / "otel" / name
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _export(traceparent: str, count: int = 1, name: str = "llm_request") -> bytes:
+    """An OTLP export of ``count`` server spans, children of ``traceparent``'s span."""
+    _, trace_id, parent, _ = traceparent.split("-")
+    request = ExportTraceServiceRequest()
+    resource = request.resource_spans.add()
+    kv = resource.resource.attributes.add()
+    kv.key, kv.value.string_value = "service.name", "vllm"
+    scope = resource.scope_spans.add()
+    for i in range(count):
+        span = scope.spans.add()
+        span.trace_id = bytes.fromhex(trace_id)
+        span.span_id = (i + 1).to_bytes(8, "big")
+        span.parent_span_id = bytes.fromhex(parent)
+        span.name = name
+        span.start_time_unix_nano, span.end_time_unix_nano = 1_000, 2_000 + i
+        attr = span.attributes.add()
+        attr.key, attr.value.double_value = "gen_ai.latency.time_in_queue", 0.25
+    return request.SerializeToString()
+
+
+async def _post(url: str, body: bytes, content_type: str = PROTOBUF) -> tuple[int, bytes]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{url}/v1/traces", data=body, headers={"Content-Type": content_type}) as r,
+    ):
+        return r.status, await r.read()
+
+
+async def test_the_sdks_exporter_files_a_span_under_its_step(make_config: MakeConfig) -> None:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.trace import SpanKind
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    cfg = make_config(otel={"receive": True})
+    async with aprof.Profiler(cfg) as prof:
+        url = prof.otel_endpoint
+        assert url is not None and url.startswith("http://127.0.0.1:")
+        traceparent = _traceparent(prof, 3)
+
+        def serve() -> None:
+            """What an engine does: a SERVER span from the client's trace context, exported
+            by the SDK's OTLP/HTTP exporter (blocking, so off the event loop)."""
+            provider = TracerProvider(resource=Resource.create({"service.name": "vllm"}))
+            exporter = OTLPSpanExporter(endpoint=f"{url}/v1/traces", timeout=10)
+            provider.add_span_processor(SimpleSpanProcessor(exporter))
+            context = TraceContextTextMapPropagator().extract({"traceparent": traceparent})
+            tracer = provider.get_tracer("test")
+            span = tracer.start_span("llm_request", context, kind=SpanKind.SERVER)
+            span.set_attribute("gen_ai.request.id", "s3-t0")
+            span.set_attribute("gen_ai.usage.completion_tokens", 7)
+            span.end()
+            provider.shutdown()
+
+        await asyncio.to_thread(serve)
+        assert prof.manifest.otel is not None
+        assert (prof.manifest.otel.spans, prof.manifest.otel.dropped) == (1, 0)
+
+    (span,) = _spans(prof, "step_3.spans.jsonl")
+    assert span["trace_id"] == traceparent.split("-")[1]
+    assert span["parent_span_id"] == SPAN_ID
+    assert (span["name"], span["kind"], span["service"]) == ("llm_request", 2, "vllm")
+    assert span["attributes"] == {"gen_ai.request.id": "s3-t0", "gen_ai.usage.completion_tokens": 7}
+    assert 0 < span["start_ns"] <= span["end_ns"]
+    manifest = aprof.load_manifest(prof.save_path)
+    assert manifest.otel is not None and manifest.otel.endpoint == url
+    assert (manifest.otel.spans, manifest.trace_salt) == (1, prof.manifest.trace_salt)
+
+
+async def test_json_bodies_other_traces_and_spans_outside_steps(make_config: MakeConfig) -> None:
+    cfg = make_config(otel={"receive": True})
+    async with aprof.Profiler(cfg) as prof:
+        url = prof.otel_endpoint
+        assert url is not None
+        request = ExportTraceServiceRequest.FromString(_export(_traceparent(prof, None)))
+        data = json_format.MessageToDict(request)
+        for span in data["resourceSpans"][0]["scopeSpans"][0]["spans"]:
+            for key in ("traceId", "spanId", "parentSpanId"):  # OTLP JSON: hex, not base64
+                span[key] = base64.b64decode(span[key]).hex()
+        assert await _post(url, json.dumps(data).encode(), "application/json") == (200, b"{}")
+        other = "00-" + "ab" * 16 + "-" + SPAN_ID + "-01"
+        status, answer = await _post(url, _export(other, 2))
+        assert status == 200
+        assert not ExportTraceServiceResponse.FromString(answer).HasField("partial_success")
+
+    (outside,) = _spans(prof, "no_step.spans.jsonl")
+    assert outside["attributes"] == {"gen_ai.latency.time_in_queue": 0.25}
+    assert outside["parent_span_id"] == SPAN_ID
+    assert len(_spans(prof, "other.spans.jsonl")) == 2
+
+
+async def test_spans_past_a_steps_cap_are_counted_and_said(make_config: MakeConfig) -> None:
+    cfg = make_config(otel={"receive": True, "max_spans_per_step": 2})
+    async with aprof.Profiler(cfg) as prof:
+        url = prof.otel_endpoint
+        assert url is not None
+        status, answer = await _post(url, _export(_traceparent(prof, 1), 5))
+        assert status == 200
+        partial = ExportTraceServiceResponse.FromString(answer).partial_success
+        assert partial.rejected_spans == 3 and "max_spans_per_step" in partial.error_message
+    assert len(_spans(prof, "step_1.spans.jsonl")) == 2
+    manifest = aprof.load_manifest(prof.save_path)
+    assert manifest.otel is not None and (manifest.otel.spans, manifest.otel.dropped) == (2, 3)
+
+
+async def test_hostile_bodies_are_answered_and_cost_nothing(make_config: MakeConfig) -> None:
+    cfg = make_config(otel={"receive": True, "max_body_bytes": 4096})
+    async with aprof.Profiler(cfg) as prof:
+        url = prof.otel_endpoint
+        assert url is not None
+        good = _export(_traceparent(prof, 1))
+        assert (await _post(url, b"x" * 5000))[0] == 413
+        assert (await _post(url, good, "text/plain"))[0] == 415
+        assert (await _post(url, b"\xff\xff\xff garbage"))[0] == 400
+        assert (await _post(url, good[: len(good) // 2]))[0] == 400  # cut mid-span
+        assert (await _post(url, b"[1, 2]", "application/json"))[0] == 400
+        bad_id = {"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz"}]}]}]}
+        assert (await _post(url, json.dumps(bad_id).encode(), "application/json"))[0] == 400
+        # A flood: every export is answered, taken or told to come back (503).
+        answers = await asyncio.gather(*(_post(url, good) for _ in range(40)))
+        assert {status for status, _ in answers} <= {200, 503}
+        taken = sum(status == 200 for status, _ in answers)
+        assert taken >= 1
+        assert prof.manifest.otel is not None and prof.manifest.otel.spans == taken
+    assert len(_spans(prof, "step_1.spans.jsonl")) == taken
+
+
+async def test_nothing_is_written_through_a_link(make_config: MakeConfig, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    cfg = make_config(otel={"receive": True})
+    async with aprof.Profiler(cfg) as prof:
+        url = prof.otel_endpoint
+        assert url is not None
+        (prof.save_path / "otel").symlink_to(outside)  # after the receiver started
+        with capture_logs() as logs:
+            status, answer = await _post(url, _export(_traceparent(prof, 1)))
+        assert status == 200
+        assert ExportTraceServiceResponse.FromString(answer).partial_success.rejected_spans == 1
+    assert list(outside.iterdir()) == []
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["otel spans not written"]
+    manifest = aprof.load_manifest(prof.save_path)
+    assert manifest.otel is not None and (manifest.otel.spans, manifest.otel.dropped) == (0, 1)
+
+
+async def test_receiving_is_off_by_default(make_config: MakeConfig) -> None:
+    async with aprof.Profiler(make_config()) as prof:
+        assert prof.otel_endpoint is None
+        assert prof.manifest.otel is None
+        salt = prof.manifest.trace_salt
+        assert salt is not None and len(salt) == 16 and int(salt, 16) != 0
+    assert not (prof.save_path / "otel").exists()
