@@ -54,7 +54,7 @@ def lint(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def typecheck(session: nox.Session) -> None:
     """mypy --strict over the three packages."""
-    session.install("-e", ".[test]", "mypy==2.4.1", "types-PyYAML")
+    session.install("-e", ".[test]", "mypy==2.4.1", "types-PyYAML", "types-protobuf")
     session.run("mypy")
 
 

@@ -77,7 +77,14 @@ async def measure_calls(calls: int, rounds: int) -> dict[str, float]:
         off = aprof.Profiler(config(f"{out}/off", timeline=False, buffer=1, steps=[]))
         async with on, off:
             on.add_target(RecordingTarget("replica_0", replica=0))
-            steps = iter(range(1, 4 * rounds + 1))
+            last = [0]
+
+            def next_step(profiled: bool) -> int:
+                """The next step of ``on`` that is (not) profiled: even ones are."""
+                n = last[0] + 1
+                n += (n % 2 == 0) != profiled
+                last[0] = n
+                return n
 
             async def bare() -> None:
                 for _ in range(calls):
@@ -100,12 +107,20 @@ async def measure_calls(calls: int, rounds: int) -> dict[str, float]:
                         pass
 
             async def unprofiled(prof: aprof.Profiler) -> None:
-                async with prof.step(next(steps) if prof is on else 1) as n:
+                async with prof.step(next_step(False) if prof is on else 1) as n:
                     assert n not in prof.config.global_profiler.steps
                     await requests(prof)
 
+            async def traced() -> None:
+                """As LLMClient does: each request's trace context read, to send it."""
+                async with on.step(next_step(False)) as n:
+                    assert n not in on.config.global_profiler.steps
+                    for _ in range(calls):
+                        async with on.request(replica=0, request_id="r") as req:
+                            assert req.traceparent
+
             async def profiled() -> None:
-                async with on.step(next(steps)) as n:
+                async with on.step(next_step(True)) as n:
                     assert n in on.config.global_profiler.steps
                     async with on.request(replica=0) as first:
                         assert first.captured
@@ -119,6 +134,7 @@ async def measure_calls(calls: int, rounds: int) -> dict[str, float]:
                 "bare `async with`": bare,
                 "`prof.request`, unprofiled step, timeline off": lambda: unprofiled(off),
                 "`prof.request`, unprofiled step": lambda: unprofiled(on),
+                "`prof.request` + `req.traceparent`, unprofiled step": traced,
                 "`prof.request`, active window": profiled,
                 "`prof.span`": unprofiled_span,
                 "OpenTelemetry SDK span": otel,

@@ -38,6 +38,7 @@ from aprof._merge.archive import ArchiveFile
 from aprof._merge.archive import write as write_archive
 from aprof._merge.flows import Links
 from aprof._otel import FOLDER as OTEL_FOLDER
+from aprof._otel import Collected, collected_spans
 from aprof._safe_files import open_folder, read_regular, replace_file
 from aprof._trace_json import is_trace_json, read_trace_below, time_base, unreadable
 
@@ -116,9 +117,13 @@ def merge(
     *,
     steps: StepSelection | Iterable[int] | None = None,
     out: str | os.PathLike[str] | None = None,
+    otel: str | os.PathLike[str] | None = None,
 ) -> list[MergedStep]:
     """Merge each profiled step of the run in ``save_path`` (or ``steps``) into
-    ``<out>/step_<n>.trace.json.gz`` (``out`` defaults to ``save_path/merged``).
+    ``<out>/step_<n>.trace.json.gz`` (``out`` defaults to ``save_path/merged``). The servers'
+    own spans of its requests come from the run's receiver (``save_path/otel/``) and from
+    ``otel``, a folder of files an OpenTelemetry collector's file exporter wrote (OTLP JSON,
+    one export per line).
 
     Raises ``ManifestError`` when ``save_path`` holds no readable manifest and ``ValueError``
     for a step the run did not profile; an input that cannot be merged is a note instead.
@@ -138,13 +143,22 @@ def merge(
             raise ValueError(f"step {missing[0]} was not profiled in this run (profiled: {shown})")
     # Below save_path, no link is followed; a folder of the user's choosing is theirs.
     where = (str(root), [FOLDER]) if out is None else (os.fspath(out), [])
-    return [_merge_step(root, manifest, n, where) for n in chosen]
+    collected = Collected()
+    if otel is not None:
+        collected = collected_spans(Path(otel), manifest.trace_salt, set(chosen))
+    return [_merge_step(root, manifest, n, where, collected) for n in chosen]
 
 
 def _merge_step(
-    root: Path, manifest: Manifest, step: int, where: tuple[str, list[str]]
+    root: Path,
+    manifest: Manifest,
+    step: int,
+    where: tuple[str, list[str]],
+    collected: Collected,
 ) -> MergedStep:
     output = _Output(base_ns=manifest.clock.wall_ns)
+    output.notes += collected.notes
+    output.links.see_otel(collected.by_step.get(step, []), output.base_ns)
     name = f"step_{step}.trace.json.gz"
     chunks = _gzip(_document(root, manifest, step, _inputs(manifest, step), output))
     archive = f"step_{step}.perfetto.tar"

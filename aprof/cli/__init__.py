@@ -19,6 +19,7 @@ from typing import NoReturn, Protocol, cast
 SUBCOMMANDS: dict[str, str] = {
     "capture": "have a live run capture its next steps (or given ones) on demand",
     "demo": "run a small profiled async RL loop and show what was captured",
+    "export": "send a run elsewhere: its spans to an OpenTelemetry (OTLP) endpoint",
     "launch-args": "print the env and args that launch a server ready for profiling",
     "merge": "merge each profiled step's timelines and traces into one trace on one clock",
     "npu-analyse": "parse raw *_ascend_pt captures (analysis: false) into readable results",

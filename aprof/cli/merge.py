@@ -24,13 +24,19 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("save_path", metavar="SAVE_PATH", help="a profiled run's save_path")
     parser.add_argument("--steps", help="profiled steps to merge, e.g. 1,3 or 2-4 (default all)")
     parser.add_argument("--out", type=Path, help="folder for the merged traces")
+    parser.add_argument(
+        "--otel",
+        type=Path,
+        metavar="DIR",
+        help="the servers' spans also from the files a collector's file exporter wrote here",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     """Merge, print each merged file with its notes; 0, or 1 with one line on bad input."""
     try:
         steps = None if args.steps is None else StepSelection.parse(args.steps, key="--steps")
-        merged = merge(args.save_path, steps=steps, out=args.out)
+        merged = merge(args.save_path, steps=steps, out=args.out, otel=args.otel)
     except (ManifestError, ValueError, OSError) as exc:
         print(f"aprof merge: {exc}".replace("\n", "\\n"), file=sys.stderr)
         return 1

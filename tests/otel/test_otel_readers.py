@@ -4,6 +4,7 @@ clock; ``aprof report`` gives each step's server side and its slowest requests' 
 
 from __future__ import annotations
 
+import base64
 import gzip
 import itertools
 import json
@@ -14,6 +15,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 import aprof
@@ -44,27 +46,45 @@ def _server_span(traceparent: str, begin_ns: int, end_ns: int) -> bytes:
     return request.SerializeToString()
 
 
-async def _run(make_config: MakeConfig) -> Path:
+async def _run(make_config: MakeConfig, collector: Path | None = None) -> Path:
     """Steps 1 and 2 profiled; in step 1 three requests whose server exports its span of
-    each (the export sent from inside the request, which outlasts the span)."""
+    each (the export sent from inside the request, which outlasts the span): to the run's
+    receiver, or, given ``collector``, as a collector's file exporter writes it there."""
     cfg = make_config(
-        global_profiler={"steps": [1, 2]}, otel={"receive": True}, rollout={"forward_steps": None}
+        global_profiler={"steps": [1, 2]},
+        otel={"receive": collector is None},
+        rollout={"forward_steps": None},
     )
     async with aprof.Profiler(cfg) as prof, aiohttp.ClientSession() as http:
         prof.add_target(RecordingTarget("replica_0", replica=0))
-        url = f"{prof.otel_endpoint}/v1/traces"
         async with prof.step(1):
             for i in range(3):
                 async with prof.request(replica=0, request_id=f"r{i}") as req:
                     assert req.traceparent is not None
                     began = time.time_ns() + 50_000
                     body = _server_span(req.traceparent, began, began + 10_000)
+                    if collector is not None:
+                        with (collector / "traces.jsonl").open("a") as f:
+                            f.write(_as_otlp_json(body) + "\n")
+                        continue
+                    url = f"{prof.otel_endpoint}/v1/traces"
                     headers = {"Content-Type": "application/x-protobuf"}
                     async with http.post(url, data=body, headers=headers) as answer:
                         assert answer.status == 200
         async with prof.step(2), prof.request(replica=0, request_id="other"):
             pass  # a step without server spans merges as before
     return prof.save_path
+
+
+def _as_otlp_json(body: bytes) -> str:
+    """An export in OTLP's JSON (ids in hex), as a collector's file exporter writes it."""
+    data = json_format.MessageToDict(ExportTraceServiceRequest.FromString(body))
+    for resource in data["resourceSpans"]:
+        for scope in resource["scopeSpans"]:
+            for span in scope["spans"]:
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    span[key] = base64.b64decode(span[key]).hex()
+    return json.dumps(data)
 
 
 async def test_each_servers_span_is_nested_under_its_request(make_config: MakeConfig) -> None:
@@ -116,3 +136,23 @@ async def test_the_report_gives_each_steps_server_side(make_config: MakeConfig) 
     text = render(collect(save_path))
     assert "server      n=3     queued p50 0.00 ms  prefill p50 0.00 ms" in text
     assert "slowest r0: queued 0.00 ms, prefill 0.00 ms, decode 0.00 ms" in text
+
+
+async def test_spans_a_users_collector_wrote_are_merged_too(
+    make_config: MakeConfig, tmp_path: Path
+) -> None:
+    collector = tmp_path / "collector"
+    collector.mkdir()
+    save_path = await _run(make_config, collector)
+    with (collector / "traces.jsonl").open("a") as f:
+        f.write("not json\n")
+    (one, _) = aprof.merge(save_path, otel=collector)
+    assert f"{collector / 'traces.jsonl'}: 1 line(s) not an OTLP JSON export" in one.notes
+    with gzip.open(one.path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    served = [e for e in events if e.get("cat") == "aprof.server"]
+    assert sorted(e["args"]["request_id"] for e in served if e["name"] == "llm_request") == [
+        "r0",
+        "r1",
+        "r2",
+    ]
