@@ -40,6 +40,12 @@ READ_S: Final = 10.0
 """The most one export's body may take to arrive."""
 KEEP_STEPS: Final = 256
 """Steps behind the newest one whose spans are still taken (later ones are counted, dropped)."""
+QUIET_S: Final = 1.0
+"""As the profiler closes, a receiver that has taken spans waits until none came for this
+long (twice the export period ``launch_spec`` gives the engines): the last step's spans are
+still on their way when its requests end."""
+LINGER_S: Final = 10.0
+"""The most the close waits for stragglers."""
 
 
 class Counts:
@@ -76,6 +82,8 @@ class OtelReceiver:
         self._runner: web.AppRunner | None = None
         self._thread: ThreadPoolExecutor | None = None
         self._in_flight = 0
+        self._taken = asyncio.Event()
+        """An export was taken (since the close last looked)."""
         self._kept: dict[str, int] = {}  # spans kept per file, for the steps still taken
         self._newest: int | None = None
         self._failing = False
@@ -103,8 +111,20 @@ class OtelReceiver:
         return self.endpoint
 
     async def aclose(self) -> None:
-        """Stop listening (bounded); the exports under way are answered or cut off."""
+        """Take the spans still on their way (once it has taken any: until none came for
+        ``QUIET_S``, at most ``LINGER_S``), then stop listening (bounded); the exports under
+        way are answered or cut off."""
+        if self._runner is not None and self._taken.is_set():
+            try:
+                async with asyncio.timeout(LINGER_S):
+                    while True:
+                        self._taken.clear()
+                        async with asyncio.timeout(QUIET_S):
+                            await self._taken.wait()
+            except TimeoutError:
+                pass  # quiet for QUIET_S, or LINGER_S in all: what came is kept
         runner, self._runner = self._runner, None
+        self.endpoint = None
         if runner is not None:
             try:
                 async with asyncio.timeout(2 * READ_S):
@@ -135,6 +155,7 @@ class OtelReceiver:
                 return _text(exc.status, str(exc))
         finally:
             self._in_flight -= 1
+        self._taken.set()
         self._on_taken()
         return _answer(content_type, rejected)
 

@@ -20,6 +20,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from structlog.testing import capture_logs
 
 import aprof
+from aprof._config import OtelConfig
+from aprof._otel import OtelReceiver
 
 MakeConfig = Callable[..., aprof.ProfilerConfig]
 PROTOBUF = "application/x-protobuf"
@@ -191,3 +193,24 @@ async def test_receiving_is_off_by_default(make_config: MakeConfig) -> None:
         salt = prof.manifest.trace_salt
         assert salt is not None and len(salt) == 16 and int(salt, 16) != 0
     assert not (prof.save_path / "otel").exists()
+
+
+async def test_spans_still_on_their_way_as_it_closes_are_kept(tmp_path: Path) -> None:
+    """The engines send every 500 ms: the last step's spans arrive after its requests end.
+    A receiver that has taken spans keeps listening as it closes until none came for
+    ``QUIET_S``."""
+    salt = "0123456789abcdef"
+    receiver = OtelReceiver(
+        OtelConfig(receive=True), root=tmp_path, salt=salt, on_taken=lambda: None
+    )
+    url = await receiver.start()
+    traceparent = f"00-{salt}{1:016x}-{SPAN_ID}-01"
+    assert (await _post(url, _export(traceparent)))[0] == 200
+    closing = asyncio.create_task(receiver.aclose())
+    await asyncio.sleep(0)  # the close runs up to its wait for stragglers
+    assert not closing.done()
+    assert (await _post(url, _export(traceparent, name="late")))[0] == 200
+    await closing
+    assert receiver.counts.spans == 2
+    lines = (tmp_path / "otel" / "step_1.spans.jsonl").read_text().splitlines()
+    assert [json.loads(line)["name"] for line in lines] == ["llm_request", "late"]
