@@ -27,6 +27,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
+from aprof._otel import LATENCIES
 from aprof._timeline.recorder import span_id_of
 
 REQUESTS_RECORD = "requests: "
@@ -258,13 +259,8 @@ def _enclosing(slices: list[tuple[float, float, int]], ts: float) -> int | None:
     return None
 
 
-PHASES = (
-    ("queued", "gen_ai.latency.time_in_queue"),
-    ("prefill", "gen_ai.latency.time_in_model_prefill"),
-    ("decode", "gen_ai.latency.time_in_model_decode"),
-)
-"""The phases of a server's request span, in order, and the attribute (seconds) giving each
-(vLLM's names)."""
+PHASES = ("queued", "prefill", "decode")
+"""The phases of a server's request span drawn under it, in order (``LATENCIES`` gives each)."""
 
 
 def _server_slices(span: RequestSpan, server: ServerSpan, tid: int) -> Iterator[dict[str, Any]]:
@@ -276,8 +272,8 @@ def _server_slices(span: RequestSpan, server: ServerSpan, tid: int) -> Iterator[
     args = {"request_id": span.request_id, **server.attributes}
     yield {**base, "name": server.name, "ts": begin, "dur": round(end - begin, 3), "args": args}
     at = begin
-    for phase, key in PHASES:
-        seconds = server.attributes.get(key)
+    for phase in PHASES:
+        seconds = server.attributes.get(LATENCIES[phase])
         if not isinstance(seconds, int | float) or isinstance(seconds, bool) or seconds <= 0:
             continue
         phase_end = min(at + seconds * 1e6, end)

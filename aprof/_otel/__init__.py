@@ -12,11 +12,12 @@
 from aprof._otel.collected import Collected, collected_spans
 from aprof._otel.export import export_run
 from aprof._otel.receiver import FOLDER, OtelReceiver
-from aprof._otel.spans import ANOTHER, NO_STEP, step_of
+from aprof._otel.spans import ANOTHER, LATENCIES, NO_STEP, step_of
 
 __all__ = [
     "ANOTHER",
     "FOLDER",
+    "LATENCIES",
     "NO_STEP",
     "Collected",
     "OtelReceiver",

@@ -25,6 +25,14 @@ MAX_TEXT: Final = 1024
 """Characters kept of a span's name and of each string attribute."""
 NO_STEP: Final = "f" * 16
 """The step half of a trace id given outside any step."""
+LATENCIES: Final = {
+    "queued": "gen_ai.latency.time_in_queue",
+    "prefill": "gen_ai.latency.time_in_model_prefill",
+    "decode": "gen_ai.latency.time_in_model_decode",
+    "e2e": "gen_ai.latency.e2e",
+}
+"""A server's span of a request: the attribute (seconds, vLLM's names) giving each of its
+phases, in the order they run, and its whole time on the server."""
 ANOTHER: Final = -1
 """The "step" of a trace that is not this run's."""
 _IDS: Final = ("traceId", "spanId", "parentSpanId")

@@ -13,20 +13,15 @@ from pathlib import Path
 from typing import Any, Final
 
 from aprof._accounting import StepAccount
-from aprof._otel import FOLDER
+from aprof._otel import FOLDER, LATENCIES
 from aprof._safe_files import open_folder, read_regular
 from aprof._timeline.recorder import span_id_of
 from aprof._trace_json import unreadable
 
 MAX_FILE_BYTES: Final = 1 << 30
 """A step's spans file read at most (the receiver keeps ``otel.max_spans_per_step`` lines)."""
-PHASES: Final = {
-    "queued_s": "gen_ai.latency.time_in_queue",
-    "prefill_s": "gen_ai.latency.time_in_model_prefill",
-    "decode_s": "gen_ai.latency.time_in_model_decode",
-    "e2e_s": "gen_ai.latency.e2e",
-}
-"""Each server-side time and the span attribute (seconds) that gives it (vLLM's names)."""
+PHASES: Final = {f"{phase}_s": attribute for phase, attribute in LATENCIES.items()}
+"""Each server-side time as the report names it, and the span attribute that gives it."""
 
 
 def server_sides(root: Path, accounts: Iterable[StepAccount]) -> tuple[dict[int, Any], list[str]]:
