@@ -94,7 +94,8 @@ def e2e_sglang(session: nox.Session) -> None:
     # timm's own requirements would pull another torchvision; both need nothing more.
     session.install("--no-deps", "sglang==0.5.23", "timm==1.0.25")
     session.run("python", f"{recipe}/guard_torchvision.py")
-    session.install("-e", ".", "pytest", "pytest-asyncio", *cpu_torch)
+    # aprof's OTLP receiver decodes the server's request spans with opentelemetry-proto.
+    session.install("-e", ".[otel]", "pytest", "pytest-asyncio", *cpu_torch)
     # The vLLM tests' conftest one folder up refuses to load without vLLM.
     args = ("--confcutdir", "e2e/real_sglang", "e2e/real_sglang")
     session.run("python", "-m", "pytest", *args, *session.posargs)

@@ -218,12 +218,13 @@ class LLMClient:
         turn_of: tuple[str | None, int | None],
     ) -> Completion:
         if self.prof is None:
-            answer = await self._send(replica, payload, _headers(request_id, None))
+            answer = await self._send(replica, payload, _headers(request_id))
             step, gated, captured = None, False, False
         else:
             async with self.prof.request(replica=replica, request_id=request_id) as req:
                 req.trajectory, req.turn = turn_of
-                answer = await self._send(replica, payload, _headers(request_id, req.traceparent))
+                headers = _headers(request_id, req.traceparent, req.tracestate)
+                answer = await self._send(replica, payload, headers)
                 req.forward(tokens=answer.completion_tokens or 0)
                 req.prompt_tokens = answer.prompt_tokens or 0
             step, gated, captured = req.step, req.gated, req.captured
@@ -299,12 +300,17 @@ class LLMClient:
         raise BadAnswer(f"the stream ended without {_dialects.DONE}")
 
 
-def _headers(request_id: str | None, traceparent: str | None) -> dict[str, str] | None:
+def _headers(
+    request_id: str | None, traceparent: str | None = None, tracestate: str | None = None
+) -> dict[str, str] | None:
     """The request's own headers: its id, and its W3C trace context when the profiler
-    gives one (the servers' spans of the request become children of aprof's)."""
+    gives one (the servers' spans of the request become children of aprof's and carry its
+    replica back)."""
     headers = {}
     if request_id:
         headers["X-Request-Id"] = request_id
     if traceparent:
         headers["traceparent"] = traceparent
+    if tracestate:
+        headers["tracestate"] = tracestate
     return headers or None

@@ -117,7 +117,7 @@ async def measure_calls(calls: int, rounds: int) -> dict[str, float]:
                     assert n not in on.config.global_profiler.steps
                     for _ in range(calls):
                         async with on.request(replica=0, request_id="r") as req:
-                            assert req.traceparent
+                            assert req.traceparent and req.tracestate
 
             async def profiled() -> None:
                 async with on.step(next_step(True)) as n:
@@ -134,7 +134,7 @@ async def measure_calls(calls: int, rounds: int) -> dict[str, float]:
                 "bare `async with`": bare,
                 "`prof.request`, unprofiled step, timeline off": lambda: unprofiled(off),
                 "`prof.request`, unprofiled step": lambda: unprofiled(on),
-                "`prof.request` + `req.traceparent`, unprofiled step": traced,
+                "`prof.request` + trace context, unprofiled step": traced,
                 "`prof.request`, active window": profiled,
                 "`prof.span`": unprofiled_span,
                 "OpenTelemetry SDK span": otel,

@@ -84,7 +84,8 @@ async def _run_steps(
         }
         url = f"{base_url}/v1/completions"
         async with prof.request(replica=0, request_id=f"s{step}-r{i}") as req:
-            headers = {"traceparent": req.traceparent} if req.traceparent else None
+            assert req.traceparent is not None and req.tracestate is not None
+            headers = {"traceparent": req.traceparent, "tracestate": req.tracestate}
             async with http.post(url, json=body, headers=headers) as response:
                 assert response.status == 200, await response.text()
                 answers.append(await response.json())
@@ -177,6 +178,8 @@ def _assert_reported_server_side(save_path: Path) -> None:
     assert [s["server"]["spans"] for s in steps] == [CONCURRENT] * len(steps)
     for step in steps:
         assert step["server"]["decode_s"]["max"] > 0
+        # vLLM's span carries the request's tracestate back: its replica.
+        assert [(r["replica"], r["spans"]) for r in step["server"]["replicas"]] == [(0, CONCURRENT)]
         for slow in step["server"]["slowest"]:
             assert slow["server"] is not None and slow["server"]["gap_s"] >= 0
 
@@ -236,7 +239,9 @@ async def test_server_without_profiling_gives_a_clear_failed_window(
 def test_inprocess_asyncllm_through_the_engine_adapter(
     tmp_path: Path, tiny_model: Path, owned_env: dict[str, str]
 ) -> None:
-    """An AsyncLLM of the script's own process, profiled on steps [1, 3] with 3 forward steps."""
+    """An AsyncLLM of the script's own process, profiled on steps [1, 3] with 3 forward steps;
+    called as verl calls it (its request id, no trace context), its request spans are filed
+    under their steps by the request they name and reported."""
     script = Path(__file__).with_name("inprocess_vllm.py")
     out = tmp_path / "out"
     log = tmp_path / "inprocess.log"
@@ -270,6 +275,32 @@ def test_inprocess_asyncllm_through_the_engine_adapter(
         workers = _worker_traces(save_path, files)
         assert workers
         assert [count_vllm_iterations(w) for w in workers] == [3] * len(workers)
+    _assert_spans_found_by_request_id(save_path)
+
+
+def _assert_spans_found_by_request_id(save_path: Path) -> None:
+    """vLLM's span of each request, sent without trace context (another trace), names the
+    request (``gen_ai.request.id``): the receiver files it under the step the request was in,
+    and the report finds each step's requests' server side by it."""
+    from aprof._otel import otel_folder, read_step, served
+    from aprof._report import accounting
+    from aprof._report.document import document
+    from aprof._timeline.recorder import span_id_of
+
+    for step in (1, 2, 3):
+        with otel_folder(save_path) as folder:
+            assert folder is not None
+            found = read_step(folder, step)
+        assert found is not None, f"no spans filed for step {step}"
+        requests, _ = served(found.spans)
+        assert sorted(requests) == sorted(span_id_of(f"s{step}-r{i}") for i in range(3))
+        for request in requests.values():
+            assert request.name == "llm_request" and request.replica is None
+            assert [p.name for p in request.phases] == ["queued", "prefill", "decode"]
+    steps = document(accounting(save_path))["steps"]
+    assert [s["server"]["spans"] for s in steps] == [3, 3, 3]
+    for step in steps:
+        assert all(slow["server"] is not None for slow in step["server"]["slowest"])
 
 
 async def test_demo_against_real_vllm(

@@ -168,3 +168,7 @@ class ProcessTimeline:
             )
             for path, written in self.timeline.files()
         ]
+
+    def plain_files(self) -> list[dict[str, Any]]:
+        """:meth:`files` as plain records, to hand to the driver across processes."""
+        return [f.model_dump(mode="json") for f in self.files()]

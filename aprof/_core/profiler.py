@@ -308,7 +308,10 @@ class Profiler(Recording):
     async def _enter_step(self, n: int) -> None:
         if self._status != "open":
             raise UsageError("open the profiler first: `async with prof:`")
+        began = time.time_ns()
         await self._steps.enter(n)
+        if self._otel is not None:
+            self._otel.step_began(n, began)
 
     def _machine(self, target: CaptureTarget) -> TargetMachine:
         return TargetMachine(

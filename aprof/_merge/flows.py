@@ -25,9 +25,9 @@ import heapq
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeGuard
+from typing import Any
 
-from aprof._otel import LATENCIES
+from aprof._otel import served
 from aprof._timeline.recorder import span_id_of
 
 REQUESTS_RECORD = "requests: "
@@ -70,6 +70,8 @@ class ServerSpan:
     begin: float
     end: float
     attributes: dict[str, Any]
+    phases: tuple[tuple[str, float, float], ...]
+    """Queued, prefill, decode: each part's name, begin and end."""
 
 
 @dataclass
@@ -124,28 +126,18 @@ class Links:
     def see_otel(self, spans: Iterable[dict[str, Any]], base_ns: int) -> int:
         """Take the servers' request spans (``otel/step_<n>.spans.jsonl`` lines), placed on
         the merged clock (``base_ns``); the number that were not spans of a request."""
-        skipped = 0
-        for span in spans:
-            parent, begin, end = (
-                span.get("parent_span_id"),
-                span.get("start_ns"),
-                span.get("end_ns"),
-            )
-            attributes = span.get("attributes")
-            if (
-                not isinstance(parent, str)
-                or not _nanoseconds(begin)
-                or not _nanoseconds(end)
-                or end < begin
-                or not isinstance(attributes, dict)
-            ):
-                skipped += 1
-                continue
+
+        def placed(ns: int) -> float:
+            return round((ns - base_ns) / 1000, 3)
+
+        requests, skipped = served(spans)
+        for parent, request in requests.items():
             self.server[parent] = ServerSpan(
-                str(span.get("name")),
-                round((begin - base_ns) / 1000, 3),
-                round((end - base_ns) / 1000, 3),
-                attributes,
+                request.name,
+                placed(request.begin_ns),
+                placed(request.end_ns),
+                dict(request.attributes),
+                tuple((p.name, placed(p.begin_ns), placed(p.end_ns)) for p in request.phases),
             )
         return skipped
 
@@ -259,31 +251,23 @@ def _enclosing(slices: list[tuple[float, float, int]], ts: float) -> int | None:
     return None
 
 
-PHASES = ("queued", "prefill", "decode")
-"""The phases of a server's request span drawn under it, in order (``LATENCIES`` gives each)."""
-
-
 def _server_slices(span: RequestSpan, server: ServerSpan, tid: int) -> Iterator[dict[str, Any]]:
     """The server's span nested under its request's lane slice, its phases under it: each
-    kept within its parent, as a thread's slices must nest (clocks of two hosts may not)."""
+    kept within its parent and after the phase before it, as a thread's slices must nest
+    (clocks of two hosts may not)."""
     begin = min(max(server.begin, span.begin), span.end)
     end = max(min(server.end, span.end), begin)
     base = {"cat": "aprof.server", "pid": span.pid, "tid": tid, "ph": "X"}
     args = {"request_id": span.request_id, **server.attributes}
     yield {**base, "name": server.name, "ts": begin, "dur": round(end - begin, 3), "args": args}
     at = begin
-    for phase in PHASES:
-        seconds = server.attributes.get(LATENCIES[phase])
-        if not isinstance(seconds, int | float) or isinstance(seconds, bool) or seconds <= 0:
-            continue
-        phase_end = min(at + seconds * 1e6, end)
-        if phase_end > at:
-            yield {**base, "name": phase, "ts": round(at, 3), "dur": round(phase_end - at, 3)}
-        at = phase_end
-
-
-def _nanoseconds(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    for name, phase_begin, phase_end in server.phases:
+        phase_begin = min(max(phase_begin, at), end)
+        phase_end = min(max(phase_end, phase_begin), end)
+        if phase_end > phase_begin:
+            dur = round(phase_end - phase_begin, 3)
+            yield {**base, "name": name, "ts": phase_begin, "dur": dur}
+            at = phase_end
 
 
 def _lanes(linked: Iterable[RequestSpan]) -> dict[RequestSpan, int]:

@@ -38,8 +38,8 @@ from aprof._merge.archive import ArchiveFile
 from aprof._merge.archive import write as write_archive
 from aprof._merge.flows import Links
 from aprof._otel import FOLDER as OTEL_FOLDER
-from aprof._otel import Collected, collected_spans
-from aprof._safe_files import open_folder, read_regular, replace_file
+from aprof._otel import Collected, collected_spans, otel_folder, read_step, step_file
+from aprof._safe_files import open_folder, replace_file
 from aprof._trace_json import is_trace_json, read_trace_below, time_base, unreadable
 
 FOLDER = "merged"
@@ -294,39 +294,18 @@ def _texts(events: list[dict[str, Any]]) -> Iterator[tuple[bytes, int]]:
 def _see_otel(root: Path, step: int, output: _Output) -> None:
     """Hand the servers' request spans of ``step`` (what the run's OTLP receiver filed) to the
     links, listed with the other inputs that are not traces; a note for what is unreadable."""
-    name = f"step_{step}.spans.jsonl"
-    shown = f"{OTEL_FOLDER}/{name}"
     try:
-        folder = open_folder(str(root), (OTEL_FOLDER,), create=False)
-    except FileNotFoundError:
-        return
+        with otel_folder(root) as folder:
+            found = None if folder is None else read_step(folder, step)
     except OSError as exc:
-        output.notes.append(f"{shown}: not merged: {unreadable(exc)}")
+        output.notes.append(f"{OTEL_FOLDER}/{step_file(step)}: not merged: {unreadable(exc)}")
         return
-    try:
-        data = read_regular(name, MAX_INPUT_BYTES, dir_fd=folder)
-    except FileNotFoundError:
+    if found is None:
         return
-    except OSError as exc:
-        output.notes.append(f"{shown}: not merged: {unreadable(exc)}")
-        return
-    finally:
-        os.close(folder)
-    spans, bad = [], 0
-    for line in data.splitlines():
-        try:
-            span = json.loads(line)
-        except ValueError:
-            span = None
-        if isinstance(span, dict):
-            spans.append(span)
-        else:
-            bad += 1
-    del data
-    bad += output.links.see_otel(spans, output.base_ns)
-    output.others.append(shown)
+    bad = found.bad + output.links.see_otel(found.spans, output.base_ns)
+    output.others.append(found.shown)
     if bad:
-        output.notes.append(f"{shown}: {bad} line(s) not a server's span of a request")
+        output.notes.append(f"{found.shown}: {bad} line(s) not a server's span of a request")
 
 
 def _collect_links(item: _Input, placed: list[dict[str, Any]], links: Links) -> None:

@@ -4,6 +4,9 @@
   trace id of the run names;
 - ``receiver.py``: :class:`OtelReceiver`, the run's OTLP/HTTP receiver, filing spans by step
   below ``save_path/otel/``;
+- ``files.py``: the names of those files and :func:`read_step`, the one reader of a step's
+  (:func:`otel_folder`, :func:`read_step`);
+- ``served.py``: :func:`served`, each request's server span and its phases among a step's;
 - ``export.py``: :func:`export_run`, a run's own spans sent to an OTLP/HTTP endpoint
   (``aprof export otlp``);
 - ``collected.py``: :func:`collected_spans`, spans a user's own collector wrote to files.
@@ -11,17 +14,25 @@
 
 from aprof._otel.collected import Collected, collected_spans
 from aprof._otel.export import export_run
-from aprof._otel.receiver import FOLDER, OtelReceiver
-from aprof._otel.spans import ANOTHER, LATENCIES, NO_STEP, step_of
+from aprof._otel.files import FOLDER, StepSpans, otel_folder, read_step, step_file
+from aprof._otel.receiver import OtelReceiver
+from aprof._otel.served import PHASES, Served, served
+from aprof._otel.spans import ANOTHER, NO_STEP, step_of
 
 __all__ = [
     "ANOTHER",
     "FOLDER",
-    "LATENCIES",
     "NO_STEP",
+    "PHASES",
     "Collected",
     "OtelReceiver",
+    "Served",
+    "StepSpans",
     "collected_spans",
     "export_run",
+    "otel_folder",
+    "read_step",
+    "served",
+    "step_file",
     "step_of",
 ]

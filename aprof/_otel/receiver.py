@@ -10,7 +10,9 @@
 
 Each span goes to the step its trace id names (``step_<n>.spans.jsonl``: one JSON object per
 line), to ``no_step.spans.jsonl`` (this run's trace outside any step) or ``other.spans.jsonl``
-(another trace: a request sent without aprof's trace context); at most
+(another trace: a request sent without aprof's trace context). A span of another trace that
+names its request (``gen_ai.request.id``: verl's clients send no trace context) goes to the
+step begun last before it started, as the profiler said (:meth:`OtelReceiver.step_began`); at most
 ``otel.max_spans_per_step`` per file, the rest counted. Decoding and writing run on a thread of
 their own, one export at a time, never on the event loop; a write that fails costs its spans
 (counted, logged once per outage), never the run.
@@ -30,10 +32,19 @@ from aiohttp import web
 
 from aprof._config import OtelConfig
 from aprof._logging import logger
-from aprof._otel.spans import ANOTHER, JSON, PROTOBUF, BodyError, decode, require, step_of
+from aprof._otel.files import FOLDER, NO_STEP_FILE, OTHER_FILE, step_file, step_in
+from aprof._otel.spans import (
+    ANOTHER,
+    JSON,
+    PROTOBUF,
+    REQUEST_ID,
+    BodyError,
+    decode,
+    require,
+    step_of,
+)
 from aprof._safe_files import append_file, move_aside, open_folder
 
-FOLDER: Final = "otel"
 IN_FLIGHT: Final = 4
 """Exports read or decoded at once; one more is answered 503."""
 READ_S: Final = 10.0
@@ -86,6 +97,9 @@ class OtelReceiver:
         """An export was taken (since the close last looked)."""
         self._kept: dict[str, int] = {}  # spans kept per file, for the steps still taken
         self._newest: int | None = None
+        self._began: tuple[tuple[int, int], ...] = ()
+        """(wall-clock ns, step) of the steps begun, the last ``KEEP_STEPS``: replaced whole
+        on the event loop, read on the receiver's thread."""
         self._failing = False
 
     async def start(self) -> str:
@@ -134,6 +148,10 @@ class OtelReceiver:
         if self._thread is not None:
             self._thread.shutdown(wait=False)
 
+    def step_began(self, step: int, wall_ns: int) -> None:
+        """The profiler began ``step`` at ``wall_ns`` (``time.time_ns()``)."""
+        self._began = (*self._began[-KEEP_STEPS:], (wall_ns, step))
+
     async def _export(self, request: web.Request) -> web.StreamResponse:
         content_type = request.content_type
         if content_type not in (PROTOBUF, JSON):
@@ -176,27 +194,37 @@ class OtelReceiver:
         """Decode and file one export; the spans not kept."""
         by_file: dict[str, list[dict[str, Any]]] = {}
         for span in decode(body, content_type):
-            by_file.setdefault(self._file_of(span["trace_id"]), []).append(span)
+            by_file.setdefault(self._file_of(span), []).append(span)
         rejected = 0
         for name, spans in by_file.items():
             rejected += self._write(name, spans)
         self.counts.dropped += rejected
         return rejected
 
-    def _file_of(self, trace_id: str) -> str:
-        step = step_of(trace_id, self._salt)
+    def _file_of(self, span: dict[str, Any]) -> str:
+        step = step_of(span["trace_id"], self._salt)
         if step == ANOTHER:
-            return "other.spans.jsonl"
-        if step is None:
-            return "no_step.spans.jsonl"
+            named = isinstance(span["attributes"].get(REQUEST_ID), str)
+            step = self._step_at(span) if named else None
+            if step is None:
+                return OTHER_FILE
+        elif step is None:
+            return NO_STEP_FILE
         if self._newest is None or step > self._newest:
             self._newest = step
             # Let go of the counts of steps no longer taken: the table stays small.
-            for old in [n for n in self._kept if _step_in(n) < step - KEEP_STEPS]:
+            for old in [n for n in self._kept if step_in(n) < step - KEEP_STEPS]:
                 del self._kept[old]
         if step < self._newest - KEEP_STEPS:
             return ""  # too late to be taken
-        return f"step_{step}.spans.jsonl"
+        return step_file(step)
+
+    def _step_at(self, span: dict[str, Any]) -> int | None:
+        """The step begun last before ``span`` started, if one did."""
+        for began, step in reversed(self._began):
+            if began <= span["start_ns"]:
+                return step
+        return None
 
     def _write(self, name: str, spans: list[dict[str, Any]]) -> int:
         """Append what ``name`` has room for; the spans not written."""
@@ -224,12 +252,6 @@ class OtelReceiver:
         self._kept[name] = self._kept.get(name, 0) + len(kept)
         self.counts.spans += len(kept)
         return len(spans) - len(kept)
-
-
-def _step_in(name: str) -> int:
-    """The step of a ``step_<n>.spans.jsonl`` name (-1 for the other files)."""
-    head = name.partition(".")[0]
-    return int(head[5:]) if head.startswith("step_") else -1
 
 
 def _answer(content_type: str, rejected: int) -> web.Response:

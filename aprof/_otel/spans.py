@@ -33,6 +33,9 @@ LATENCIES: Final = {
 }
 """A server's span of a request: the attribute (seconds, vLLM's names) giving each of its
 phases, in the order they run, and its whole time on the server."""
+REQUEST_ID: Final = "gen_ai.request.id"
+"""The attribute naming the request a server's span is of (vLLM: the id its engine was given;
+SGLang: the request's ``rid``): how a span sent without trace context finds its request."""
 ANOTHER: Final = -1
 """The "step" of a trace that is not this run's."""
 _IDS: Final = ("traceId", "spanId", "parentSpanId")
@@ -108,6 +111,7 @@ def _spans(request: ExportTraceServiceRequest) -> list[dict[str, Any]]:
                         "trace_id": span.trace_id.hex(),
                         "span_id": span.span_id.hex(),
                         "parent_span_id": span.parent_span_id.hex() or None,
+                        "trace_state": span.trace_state[:MAX_TEXT] or None,
                         "name": span.name[:MAX_TEXT],
                         "kind": int(span.kind),
                         "start_ns": int(span.start_time_unix_nano),

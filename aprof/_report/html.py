@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from aprof._report.page import MS, Page, document, duration, escape, figure, step_plot_id
 from aprof._report.run_plots import run_sections
+from aprof._report.server_plot import server_side
 from aprof._safe_files import open_folder, replace_file
 
 if TYPE_CHECKING:  # the data model only as types
@@ -529,6 +530,15 @@ PLOTS: tuple[Plot, ...] = (
         "Per role and stage, the stage durations read from the trainer ranks' traces, one box "
         "per profiled step; the tallest box is where the trainer spends its time.",
         stages,
+    ),
+    Plot(
+        "plot-server-side",
+        "Requests on their servers",
+        "Per step and replica, from the servers' own request spans (OpenTelemetry): the median "
+        "time a request waited in the server's queue, prefilled and decoded. Hover a bar for "
+        "p99 and max; the report's text and --json name the slowest requests and the time "
+        "they spent outside the server.",
+        server_side,
     ),
 )
 """The page's plots, in order."""

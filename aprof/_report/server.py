@@ -1,102 +1,81 @@
 """The servers' own side of each step's requests: the spans the run's OTLP receiver filed
-(``otel/step_<n>.spans.jsonl``), read back into queued, prefill and decode time, and, for the
-step's slowest requests, the gap between what the client waited and what the server took
-(time on the network and in the client)."""
+(``otel/step_<n>.spans.jsonl``), read back into queued, prefill and decode time, for the step
+and for each replica, and, for the step's slowest requests, the gap between what the client
+waited and what the server took (time on the network and in the client)."""
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 from aprof._accounting import StepAccount
-from aprof._otel import FOLDER, LATENCIES
-from aprof._safe_files import open_folder, read_regular
+from aprof._otel import FOLDER, PHASES, Served, otel_folder, read_step, served, step_file
 from aprof._timeline.recorder import span_id_of
 from aprof._trace_json import unreadable
-
-MAX_FILE_BYTES: Final = 1 << 30
-"""A step's spans file read at most (the receiver keeps ``otel.max_spans_per_step`` lines)."""
-PHASES: Final = {f"{phase}_s": attribute for phase, attribute in LATENCIES.items()}
-"""Each server-side time as the report names it, and the span attribute that gives it."""
 
 
 def server_sides(root: Path, accounts: Iterable[StepAccount]) -> tuple[dict[int, Any], list[str]]:
     """Per step with server spans, its ``server`` object for ``aprof report --json``; the
     problems met (a spans file that cannot be read costs its own step)."""
-    try:
-        folder = open_folder(str(root), (FOLDER,), create=False)
-    except FileNotFoundError:
-        return {}, []
-    except OSError as exc:
-        return {}, [f"{FOLDER}/: unreadable: {unreadable(exc)}"]
     found: dict[int, Any] = {}
     problems: list[str] = []
     try:
-        names = set(os.listdir(folder))
-        for account in accounts:
-            name = f"step_{account.step}.spans.jsonl"
-            if name not in names:
-                continue
-            try:
-                data = read_regular(name, MAX_FILE_BYTES, dir_fd=folder)
-            except OSError as exc:
-                problems.append(f"{FOLDER}/{name}: unreadable: {unreadable(exc)}")
-                continue
-            found[account.step] = _side(data, account)
-    finally:
-        os.close(folder)
+        with otel_folder(root) as folder:
+            if folder is None:
+                return found, problems
+            for account in accounts:
+                try:
+                    spans = read_step(folder, account.step)
+                except OSError as exc:
+                    name = step_file(account.step)
+                    problems.append(f"{FOLDER}/{name}: unreadable: {unreadable(exc)}")
+                    continue
+                if spans is not None:
+                    found[account.step] = step_side(served(spans.spans)[0], account)
+    except OSError as exc:
+        problems.append(f"{FOLDER}/: unreadable: {unreadable(exc)}")
     return found, problems
 
 
-def _side(data: bytes, account: StepAccount) -> dict[str, Any]:
-    """One step's server side from its spans file's bytes."""
-    times: dict[str, list[float]] = {key: [] for key in PHASES}
-    by_parent: dict[str, dict[str, float]] = {}
-    spans = 0
-    for line in data.splitlines():
-        try:
-            span = json.loads(line)
-        except ValueError:
-            continue
-        attributes = span.get("attributes") if isinstance(span, dict) else None
-        if not isinstance(attributes, dict):
-            continue
-        mine = _times(attributes)
-        if not mine:
-            continue  # not a server's span of a request
-        spans += 1
-        for key, value in mine.items():
-            times[key].append(value)
-        parent = span.get("parent_span_id")
-        if isinstance(parent, str):
-            by_parent[parent] = mine
+def step_side(requests: dict[str, Served], account: StepAccount) -> dict[str, Any]:
+    """One step's server side from its requests' server spans."""
+    by_replica: dict[int, list[Served]] = {}
+    for request in requests.values():
+        if request.replica is not None:
+            by_replica.setdefault(request.replica, []).append(request)
     slowest = []
     for slow in account.slowest:
-        served = by_parent.get(span_id_of(slow.request_id)) if slow.request_id else None
+        mine = requests.get(span_id_of(slow.request_id)) if slow.request_id else None
         entry: dict[str, Any] | None = None
-        if served is not None:
-            entry = dict(served)
-            e2e = served.get("e2e_s")
-            entry["gap_s"] = None if e2e is None else max(0.0, slow.latency_s - e2e)
+        if mine is not None:
+            entry = {**_times(mine), "gap_s": max(0.0, slow.latency_s - mine.e2e_s)}
         slowest.append({"request_id": slow.request_id, "server": entry})
     return {
-        "spans": spans,
-        **{key: _summary(values) for key, values in times.items()},
+        **_summaries(requests.values()),
+        "replicas": [
+            {"replica": replica, **_summaries(mine)} for replica, mine in sorted(by_replica.items())
+        ],
         "slowest": slowest,
     }
 
 
-def _times(attributes: Mapping[str, Any]) -> dict[str, float]:
-    found = {}
-    for key, attribute in PHASES.items():
-        value = attributes.get(attribute)
-        if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
-            found[key] = float(value)
-    return found
+def _times(request: Served) -> dict[str, float]:
+    """One request's phases and time on the server (s), those its server gave."""
+    times = {f"{phase}_s": request.seconds(phase) for phase in PHASES}
+    found = {key: value for key, value in times.items() if value is not None}
+    return {**found, "e2e_s": request.e2e_s}
+
+
+def _summaries(requests: Iterable[Served]) -> dict[str, Any]:
+    values: dict[str, list[float]] = {f"{phase}_s": [] for phase in (*PHASES, "e2e")}
+    count = 0
+    for request in requests:
+        count += 1
+        for key, value in _times(request).items():
+            values[key].append(value)
+    return {"spans": count, **{key: _summary(found) for key, found in values.items()}}
 
 
 def _summary(values: list[float]) -> dict[str, float] | None:

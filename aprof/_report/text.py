@@ -15,6 +15,7 @@ from typing import Any
 
 from aprof._accounting import StepAccount
 from aprof._accounting import summary as run_summary
+from aprof._otel import PHASES
 from aprof._report.model import Distribution, RunReport, StepReport, WindowRow
 
 WIDTH = 100
@@ -186,32 +187,32 @@ def _numbers(step: StepReport) -> list[str]:
 
 
 def _server(side: dict[str, Any] | None) -> list[str]:
-    """The servers' own side of the step's requests (their OpenTelemetry spans), and where
-    its slowest requests' time went."""
+    """The servers' own side of the step's requests (their OpenTelemetry spans), per replica
+    where the requests said which, and where its slowest requests' time went."""
     if not side or not side["spans"]:
         return []
-    phases = "  ".join(
-        f"{name} p50 {_ms(found['p50'])}"
-        for name, key in (("queued", "queued_s"), ("prefill", "prefill_s"), ("decode", "decode_s"))
-        if (found := side[key]) is not None
-    )
-    lines = [f"server      n={side['spans']:<5} {phases}"]
+    lines = [f"server      n={side['spans']:<5} {_phase_medians(side)}"]
+    for replica in side["replicas"]:
+        lines.append(
+            f"  replica_{replica['replica']} n={replica['spans']} {_phase_medians(replica)}"
+        )
     for slow in side["slowest"]:
         served = slow["server"]
         if served is None:
             continue
-        parts = [
-            f"{name} {_ms(served.get(key))}"
-            for name, key in (
-                ("queued", "queued_s"),
-                ("prefill", "prefill_s"),
-                ("decode", "decode_s"),
-            )
-        ]
+        parts = [f"{name} {_ms(served.get(f'{name}_s'))}" for name in PHASES]
         if served.get("gap_s") is not None:
             parts.append(f"network and client {_ms(served['gap_s'])}")
         lines.append(f"  slowest {slow['request_id']}: {', '.join(parts)}")
     return _wrapped(lines, _INDENT)
+
+
+def _phase_medians(side: dict[str, Any]) -> str:
+    return "  ".join(
+        f"{name} p50 {_ms(found['p50'])}"
+        for name in PHASES
+        if (found := side[f"{name}_s"]) is not None
+    )
 
 
 def _run_wide(report: RunReport) -> list[str]:

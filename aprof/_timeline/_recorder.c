@@ -1558,6 +1558,38 @@ request_get_traceparent(Request *self, void *closure)
     return PyUnicode_FromStringAndSize(out, TRACEPARENT_LEN);
 }
 
+/* The values of the first replicas, made once: formatting one costs more than the traceparent. */
+#define TRACESTATE_CACHED 256
+static PyObject *tracestate_cache[TRACESTATE_CACHED];
+
+/* The request's replica in a W3C tracestate member, which the servers' spans of it carry back:
+   "aprof=r<replica>" for a replica that is an int from 0 to 2**63 - 1. */
+static PyObject *
+request_get_tracestate(Request *self, void *closure)
+{
+    if (self->gate->trace_salt == Py_None || !PyLong_Check(self->replica)) {
+        Py_RETURN_NONE;
+    }
+    int overflow = 0;
+    long long replica = PyLong_AsLongLongAndOverflow(self->replica, &overflow);
+    if (replica == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (overflow != 0 || replica < 0) {
+        Py_RETURN_NONE;
+    }
+    if (replica >= TRACESTATE_CACHED) {
+        return PyUnicode_FromFormat("aprof=r%lld", replica);
+    }
+    if (tracestate_cache[replica] == NULL) {
+        tracestate_cache[replica] = PyUnicode_FromFormat("aprof=r%lld", replica);
+        if (tracestate_cache[replica] == NULL) {
+            return NULL;
+        }
+    }
+    return Py_NewRef(tracestate_cache[replica]);
+}
+
 /* span_id_of(request_id): the span id a request with this id has in its traceparent. */
 static PyObject *
 span_id_of(PyObject *module, PyObject *request_id)
@@ -1632,6 +1664,11 @@ static PyGetSetDef request_getset[] = {
      "The trace id is the gate's trace_salt and the step (the request's once it entered, the "
      "gate's\nbefore; ffffffffffffffff for none) in 16 hex digits; the span id is span_id_of "
      "the request id,\nor of the request's address without one.",
+     NULL},
+    {"tracestate", (getter)request_get_tracestate, NULL,
+     "The request's replica as a W3C ``tracestate`` header value (``aprof=r<replica>``), sent "
+     "with\nits traceparent: the servers' spans of it carry it back. None when the profiler "
+     "gives no trace\ncontext or the replica is not an int from 0 to 2**63 - 1.",
      NULL},
     {NULL},
 };

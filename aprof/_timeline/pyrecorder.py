@@ -353,6 +353,18 @@ class Request:
         return f"00-{salt}{step}-{span:016x}-01"
 
     @property
+    def tracestate(self) -> str | None:
+        """The request's replica as a W3C ``tracestate`` header value (``aprof=r<replica>``),
+        sent with its traceparent: the servers' spans of it carry it back. ``None`` when the
+        profiler gives no trace context or the replica is not an int from 0 to 2**63 - 1."""
+        replica = self._replica
+        if self._gate._trace_salt is None or not isinstance(replica, int):
+            return None
+        if not 0 <= replica < 2**63:  # as the C recorder's long long
+            return None
+        return f"aprof=r{int.__repr__(replica)}"
+
+    @property
     def gated(self) -> bool:
         """The request waited for its replica's capture to start."""
         return self._gated

@@ -266,7 +266,7 @@ class WorkerProfiler:
             wait([written], timeout=HAND_OVER_SHARE * self.config.timeouts.stop_s)
         return WorkerTimeline(
             process=timeline.process,
-            files=tuple(f.model_dump(mode="json") for f in timeline.files()),
+            files=tuple(timeline.plain_files()),
             ledger=timeline.take_ledger(),
         )
 

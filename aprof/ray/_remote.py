@@ -343,7 +343,7 @@ class RemoteProfiler(Recording):
             counts=[Counts(s, r, *c) for (s, r), c in counts.items()],
             ledger=self._timeline.take_ledger(),
         )
-        timeline = [f.model_dump(mode="json") for f in self._timeline.files()]
+        timeline = self._timeline.plain_files()
         if timeline != self._sent_timeline:
             report.timeline = self._sent_timeline = timeline
         return report

@@ -44,9 +44,10 @@ FORWARD_STEPS = 4
 TRACE_WAIT_S = 30
 
 
-def _config(save_path: Path, steps: list[int]) -> aprof.ProfilerConfig:
+def _config(save_path: Path, steps: list[int], **more: Any) -> aprof.ProfilerConfig:
     return aprof.load_config(
         {
+            **more,
             # A stop (which moves and counts the traces) may outlast these short steps: wait
             # for it, or the next window may be skipped by design.
             "global_profiler": {
@@ -87,8 +88,13 @@ def _body(model: Path, prompt: str) -> dict[str, Any]:
     }
 
 
-async def _complete(http: aiohttp.ClientSession, base_url: str, body: dict[str, Any]) -> Any:
-    async with http.post(f"{base_url}/v1/completions", json=body) as response:
+async def _complete(
+    http: aiohttp.ClientSession,
+    base_url: str,
+    body: dict[str, Any],
+    headers: dict[str, str] | None = None,
+) -> Any:
+    async with http.post(f"{base_url}/v1/completions", json=body, headers=headers) as response:
         assert response.status == 200, await response.text()
         return await response.json()
 
@@ -156,8 +162,11 @@ async def _run_steps(
 
     async def complete(http: aiohttp.ClientSession, step: int, i: int) -> None:
         try:
-            async with prof.request(replica=0, request_id=f"s{step}-r{i}"):
-                answers.append(await _complete(http, base_url, _body(model, f"step {step} {i}")))
+            async with prof.request(replica=0, request_id=f"s{step}-r{i}") as req:
+                body = _body(model, f"step {step} {i}")
+                assert req.traceparent is not None and req.tracestate is not None
+                headers = {"traceparent": req.traceparent, "tracestate": req.tracestate}
+                answers.append(await _complete(http, base_url, body, headers))
         except (TimeoutError, aiohttp.ClientError) as exc:
             errors.append(f"step {step} request {i}: {exc!r}")
 
@@ -193,14 +202,19 @@ async def test_profiled_steps_auto_stop_after_forward_steps(
     tmp_path: Path, tiny_model: Path, owned_env: dict[str, str]
 ) -> None:
     """Steps [1, 2, 5] of 6 through the adapter: three windows, each auto-stopped by the
-    server after 4 forward passes, its trace in the step's folder and nothing left behind."""
+    server after 4 forward passes, its trace in the step's folder and nothing left behind;
+    SGLang's own request spans (``otel`` on, ``--enable-trace`` from ``launch_spec``)
+    received by aprof, each request's under its aprof request, merged and reported."""
     save_path = tmp_path / "profile"
-    cfg = _config(save_path, [1, 2, 5])
+    cfg = _config(save_path, [1, 2, 5], otel={"receive": True, "port": free_port()})
     spec = _spec(cfg, tiny_model, owned_env)
     server = await _launch(spec, tmp_path)
     async with server, aprof.Profiler(cfg) as prof:
         prof.add_target(server.adapter(replica=0))
         answers, errors = await _run_steps(prof, server.base_url, tiny_model, 6)
+        await _phases_arrive(save_path, 6)
+    _assert_sglangs_spans(save_path, 6)
+    _assert_merged_and_reported(save_path, [1, 2, 5])
     assert errors == []
     assert len(answers) == 6 * CONCURRENT
     summary = _window_summary(prof)
@@ -222,6 +236,85 @@ async def test_profiled_steps_auto_stop_after_forward_steps(
     assert spec.profiler_dir is not None
     left = list(spec.profiler_dir.iterdir()) if spec.profiler_dir.is_dir() else []
     assert left == [], "traces left behind in the server's own trace folder"
+
+
+def _served(save_path: Path, step: int) -> dict[str, Any]:
+    """What SGLang said of each request of ``step`` (``aprof._otel.served``), by span id."""
+    from aprof._otel import otel_folder, read_step, served
+
+    with otel_folder(save_path) as folder:
+        found = None if folder is None else read_step(folder, step)
+    return {} if found is None else served(found.spans)[0]
+
+
+async def _phases_arrive(save_path: Path, num_steps: int) -> None:
+    """Wait (at most 60 s) until every request's three phases are in its step's file: SGLang's
+    tokenizer and scheduler processes export their spans each on their own schedule (every
+    500 ms, as ``launch_spec`` sets it)."""
+
+    def complete() -> bool:
+        for step in range(1, num_steps + 1):
+            found = _served(save_path, step)
+            if len(found) < CONCURRENT:
+                return False
+            if any(
+                {p.name for p in r.phases} != {"queued", "prefill", "decode"}
+                for r in found.values()
+            ):
+                return False
+        return True
+
+    async with asyncio.timeout(60):
+        # A condition polled, bounded: the spans come from other processes, on their schedule.
+        while not complete():  # noqa: ASYNC110
+            await asyncio.sleep(0.2)
+
+
+def _assert_sglangs_spans(save_path: Path, num_steps: int) -> None:
+    """SGLang's root span of each request (`` Req <rid>``) is the child of the request's own
+    span (the client's trace id carried), with the replica its tracestate named, SGLang's
+    latency attributes, and its stages below it as queued, prefill and decode, in order."""
+    from aprof._timeline.recorder import span_id_of
+
+    for step in range(1, num_steps + 1):
+        found = _served(save_path, step)
+        assert sorted(found) == sorted(span_id_of(f"s{step}-r{i}") for i in range(CONCURRENT))
+        for request in found.values():
+            assert request.name.startswith(" Req ") and request.replica == 0
+            assert [p.name for p in request.phases] == ["queued", "prefill", "decode"]
+            assert request.attributes["gen_ai.latency.e2e"] > 0
+            assert request.begin_ns <= request.phases[0].begin_ns
+            assert request.phases[-1].end_ns <= request.end_ns
+
+
+def _assert_merged_and_reported(save_path: Path, profiled: list[int]) -> None:
+    """``aprof merge`` nests each SGLang request span and its phases under its request;
+    ``aprof report`` gives each step's server side, for replica 0, from the same spans."""
+    import gzip
+    import json
+
+    from aprof._report import accounting
+    from aprof._report.document import document
+
+    for merged in aprof.merge(save_path, steps=profiled[:1]):
+        with gzip.open(merged.path, "rt") as f:
+            events = json.load(f)["traceEvents"]
+        served = [e for e in events if e.get("cat") == "aprof.server"]
+        assert sum(e["name"].startswith(" Req ") for e in served) == CONCURRENT
+        assert sorted(e["name"] for e in served if not e["name"].startswith(" Req ")) == sorted(
+            ["queued", "prefill", "decode"] * CONCURRENT
+        )
+    steps = {s["step"]: s for s in document(accounting(save_path))["steps"]}
+    for step in range(1, 7):
+        side = steps[step]["server"]
+        expected = _served(save_path, step).values()
+        assert side["spans"] == CONCURRENT
+        assert [(r["replica"], r["spans"]) for r in side["replicas"]] == [(0, CONCURRENT)]
+        for phase in ("queued", "prefill", "decode"):
+            total = sum(r.seconds(phase) for r in expected)
+            assert side[f"{phase}_s"]["sum"] == pytest.approx(total)
+        for slow in side["slowest"]:
+            assert slow["server"] is not None and slow["server"]["gap_s"] >= 0
 
 
 async def test_server_killed_mid_window_fails_only_that_window(

@@ -35,6 +35,8 @@ class Replica:
     """The ``X-Request-Id`` of every completion request that reached the server, in order."""
     traceparents: list[str | None] = field(default_factory=list)
     """The ``traceparent`` of each of those requests."""
+    tracestates: list[str | None] = field(default_factory=list)
+    """The ``tracestate`` of each of those requests."""
     stopped: bool = False
 
     @property
@@ -56,12 +58,14 @@ async def serve_replica(**fields: Any) -> AsyncIterator[Replica]:
     app = create_app(ReferenceConfig(**fields))
     received: list[str | None] = []
     traceparents: list[str | None] = []
+    tracestates: list[str | None] = []
 
     @web.middleware
     async def count(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path in COMPLETION_PATHS:
             received.append(request.headers.get("X-Request-Id"))
             traceparents.append(request.headers.get("traceparent"))
+            tracestates.append(request.headers.get("tracestate"))
         return await handler(request)
 
     app.middlewares.insert(0, count)
@@ -75,7 +79,13 @@ async def serve_replica(**fields: Any) -> AsyncIterator[Replica]:
         await site.start()
         port = int(runner.addresses[0][1])
         url = f"http://127.0.0.1:{port}"
-        replica = Replica(url=url, runner=runner, received=received, traceparents=traceparents)
+        replica = Replica(
+            url=url,
+            runner=runner,
+            received=received,
+            traceparents=traceparents,
+            tracestates=tracestates,
+        )
         yield replica
     finally:
         await (replica.stop() if replica is not None else runner.cleanup())

@@ -45,7 +45,7 @@ async def test_each_request_carries_its_w3c_trace_context(
     replicas: ReplicaFactory, make_config: Callable[..., aprof.ProfilerConfig]
 ) -> None:
     """Through a profiler, every call sends the request's ``traceparent`` (one trace per
-    step, the request's own span); without one, none."""
+    step, the request's own span) and ``tracestate`` (its replica); without one, neither."""
     async with (
         asyncio.timeout(LIMIT_S),
         replicas(1) as [server],
@@ -63,9 +63,10 @@ async def test_each_request_carries_its_w3c_trace_context(
         f"00-{salt}{2:016x}-{span_id_of('s2')}-01",
         f"00-{salt}{'f' * 16}-{span_id_of('after')}-01",  # outside any step
     ]
+    assert server.tracestates == ["aprof=r0"] * 3
     async with replicas(1) as [plain], LLMClient([plain.url]) as llm:
         await llm.generate("hi", max_tokens=1, request_id="r")
-    assert (plain.received, plain.traceparents) == (["r"], [None])
+    assert (plain.received, plain.traceparents, plain.tracestates) == (["r"], [None], [None])
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])

@@ -29,13 +29,14 @@ PHASES_S = {"queue": 2e-6, "model_prefill": 3e-6, "model_decode": 4e-6}
 request (the export, sent inside the request, takes longer than that)."""
 
 
-def _server_span(traceparent: str, begin_ns: int, end_ns: int) -> bytes:
+def _server_span(traceparent: str, tracestate: str, begin_ns: int, end_ns: int) -> bytes:
     """What a vLLM server exports for one request: ``llm_request``, the child of the
-    client's span, with its phases' latencies (seconds)."""
+    client's span (with its ``tracestate``), with its phases' latencies (seconds)."""
     _, trace_id, parent, _ = traceparent.split("-")
     request = ExportTraceServiceRequest()
     span = request.resource_spans.add().scope_spans.add().spans.add()
     span.trace_id, span.parent_span_id = bytes.fromhex(trace_id), bytes.fromhex(parent)
+    span.trace_state = tracestate
     span.span_id = bytes.fromhex(parent[::-1])
     span.name, span.kind = "llm_request", 2
     span.start_time_unix_nano, span.end_time_unix_nano = begin_ns, end_ns
@@ -47,9 +48,10 @@ def _server_span(traceparent: str, begin_ns: int, end_ns: int) -> bytes:
 
 
 async def _run(make_config: MakeConfig, collector: Path | None = None) -> Path:
-    """Steps 1 and 2 profiled; in step 1 three requests whose server exports its span of
-    each (the export sent from inside the request, which outlasts the span): to the run's
-    receiver, or, given ``collector``, as a collector's file exporter writes it there."""
+    """Steps 1 and 2 profiled; in step 1 three requests (to replicas 0, 1, 1) whose server
+    exports its span of each (the export sent from inside the request, which outlasts the
+    span): to the run's receiver, or, given ``collector``, as a collector's file exporter
+    writes it there."""
     cfg = make_config(
         global_profiler={"steps": [1, 2]},
         otel={"receive": collector is None},
@@ -57,12 +59,13 @@ async def _run(make_config: MakeConfig, collector: Path | None = None) -> Path:
     )
     async with aprof.Profiler(cfg) as prof, aiohttp.ClientSession() as http:
         prof.add_target(RecordingTarget("replica_0", replica=0))
+        prof.add_target(RecordingTarget("replica_1", replica=1))
         async with prof.step(1):
             for i in range(3):
-                async with prof.request(replica=0, request_id=f"r{i}") as req:
-                    assert req.traceparent is not None
+                async with prof.request(replica=min(i, 1), request_id=f"r{i}") as req:
+                    assert req.traceparent is not None and req.tracestate is not None
                     began = time.time_ns() + 50_000
-                    body = _server_span(req.traceparent, began, began + 10_000)
+                    body = _server_span(req.traceparent, req.tracestate, began, began + 10_000)
                     if collector is not None:
                         with (collector / "traces.jsonl").open("a") as f:
                             f.write(_as_otlp_json(body) + "\n")
@@ -129,12 +132,24 @@ async def test_the_report_gives_each_steps_server_side(make_config: MakeConfig) 
     assert side["spans"] == 3 and step[2]["server"] is None
     assert side["queued_s"]["p50"] == 2e-6 and side["prefill_s"]["max"] == 3e-6
     assert side["decode_s"]["sum"] == pytest.approx(12e-6)
-    assert side["e2e_s"] is None  # this server sends no e2e latency: no gap to tell
-    slowest = {s["request_id"]: s["server"] for s in side["slowest"]}
+    assert side["e2e_s"]["max"] == 10e-6  # no e2e attribute: the span's length
+    # Per replica, as each request's tracestate said (and its server's span carried back).
+    assert [(r["replica"], r["spans"]) for r in side["replicas"]] == [(0, 1), (1, 2)]
+    assert side["replicas"][1]["decode_s"]["sum"] == pytest.approx(8e-6)
+    slowest = {s["request_id"]: s for s in side["slowest"]}
     assert sorted(slowest) == ["r0", "r1", "r2"]
-    assert slowest["r1"] == {"queued_s": 2e-6, "prefill_s": 3e-6, "decode_s": 4e-6, "gap_s": None}
+    r1 = slowest["r1"]["server"]
+    assert {k: r1[k] for k in ("queued_s", "prefill_s", "decode_s", "e2e_s")} == {
+        "queued_s": 2e-6,
+        "prefill_s": 3e-6,
+        "decode_s": 4e-6,
+        "e2e_s": 10e-6,
+    }
+    latency = next(s.latency_s for s in found.accounts[0].slowest if s.request_id == "r1")
+    assert r1["gap_s"] == pytest.approx(latency - 10e-6)
     text = render(collect(save_path))
     assert "server      n=3     queued p50 0.00 ms  prefill p50 0.00 ms" in text
+    assert "  replica_1 n=2 queued p50 0.00 ms" in text
     assert "slowest r0: queued 0.00 ms, prefill 0.00 ms, decode 0.00 ms" in text
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,8 @@ from structlog.testing import capture_logs
 
 import aprof
 from aprof._config import OtelConfig
-from aprof._otel import OtelReceiver
+from aprof._otel import OtelReceiver, served
+from aprof._timeline.recorder import span_id_of
 
 MakeConfig = Callable[..., aprof.ProfilerConfig]
 PROTOBUF = "application/x-protobuf"
@@ -130,6 +132,55 @@ async def test_json_bodies_other_traces_and_spans_outside_steps(make_config: Mak
     assert outside["attributes"] == {"gen_ai.latency.time_in_queue": 0.25}
     assert outside["parent_span_id"] == SPAN_ID
     assert len(_spans(prof, "other.spans.jsonl")) == 2
+
+
+def _without_context(start_ns: int, request_id: str | None) -> bytes:
+    """A server's span sent without trace context (a root of a trace of its own), naming its
+    request when ``request_id`` is given, as vLLM does for a call from verl."""
+    request = ExportTraceServiceRequest()
+    span = request.resource_spans.add().scope_spans.add().spans.add()
+    span.trace_id, span.span_id = bytes.fromhex("cd" * 16), bytes.fromhex("0a" * 8)
+    span.name = "llm_request"
+    span.start_time_unix_nano, span.end_time_unix_nano = start_ns, start_ns + 1_000
+    if request_id is not None:
+        attr = span.attributes.add()
+        attr.key, attr.value.string_value = "gen_ai.request.id", request_id
+    return request.SerializeToString()
+
+
+async def test_a_span_without_trace_context_naming_its_request_goes_to_its_step(
+    make_config: MakeConfig,
+) -> None:
+    """Filed under the step begun last before it started; before any step, or naming no
+    request, with the other traces."""
+    cfg = make_config(otel={"receive": True})
+    async with aprof.Profiler(cfg) as prof:
+        url = prof.otel_endpoint
+        assert url is not None
+        before = time.time_ns()
+        async with prof.step(1):
+            in_one = time.time_ns()
+        async with prof.step(2):
+            in_two = time.time_ns()
+        for body in (
+            _without_context(before, "early"),
+            _without_context(in_one, "s1"),
+            _without_context(in_two, "s2"),
+            _without_context(in_two, None),
+        ):
+            assert (await _post(url, body))[0] == 200
+
+    assert [s["attributes"]["gen_ai.request.id"] for s in _spans(prof, "step_1.spans.jsonl")] == [
+        "s1"
+    ]
+    (two,) = _spans(prof, "step_2.spans.jsonl")
+    assert two["attributes"] == {"gen_ai.request.id": "s2"} and two["parent_span_id"] is None
+    assert [s["attributes"] for s in _spans(prof, "other.spans.jsonl")] == [
+        {"gen_ai.request.id": "early"},
+        {},
+    ]
+    requests, skipped = served([two])
+    assert (list(requests), skipped) == ([span_id_of("s2")], 0)  # the request it names
 
 
 async def test_spans_past_a_steps_cap_are_counted_and_said(make_config: MakeConfig) -> None:

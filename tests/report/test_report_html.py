@@ -16,10 +16,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from aprof._accounting import Anomaly, ReplicaAccount, Slow, StepAccount
+from aprof._otel import served
 from aprof._report import RunReport, StepReport, collect
 from aprof._report.html import (
     FILE_NAME,
@@ -46,6 +48,8 @@ from aprof._report.run_plots import (
     replica_busy,
     slowest_steps,
 )
+from aprof._report.server import step_side
+from aprof._timeline.recorder import span_id_of
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else shutil.which("chromium")
@@ -181,6 +185,30 @@ def accounts() -> tuple[StepAccount, ...]:
     )
 
 
+def server_sides(found: tuple[StepAccount, ...]) -> dict[int, Any]:
+    """Per step, the servers' side as ``aprof report`` makes it from their spans: 8 requests
+    per replica, each queued 10 ms (more on replica 1), prefilling 20 ms, decoding 300 ms."""
+    sides = {}
+    for account in found:
+        spans = []
+        for i in range(16):
+            replica, queued = i % 2, 0.01 * (1 + i % 2 * account.step)
+            latencies = {"queue": queued, "model_prefill": 0.02, "model_decode": 0.3}
+            spans.append(
+                {
+                    "span_id": f"{i + 1:016x}",
+                    "parent_span_id": span_id_of(f"sample{i}-t2"),
+                    "trace_state": f"aprof=r{replica}",
+                    "name": "llm_request",
+                    "start_ns": account.begin_ns,
+                    "end_ns": account.begin_ns + 400_000_000,
+                    "attributes": {f"gen_ai.latency.time_in_{k}": v for k, v in latencies.items()},
+                }
+            )
+        sides[account.step] = step_side(served(spans)[0], account)
+    return sides
+
+
 def one_clock(
     step: int, offset: float, windows: tuple[WindowRow, ...], rng: random.Random
 ) -> tuple[Row, ...]:
@@ -254,6 +282,7 @@ def realistic() -> RunReport:
         latency_unprofiled=dist(latencies(48, 0.11)),
         notes=("step 1: cuda not recorded: torch.cuda.is_available() is False",),
         accounts=accounts(),
+        server=server_sides(accounts()),
     )
 
 
@@ -682,6 +711,9 @@ def test_the_page_loads_offline_and_every_plot_renders(browser: object, tmp_path
     hover(page, REPLICAS_ID, {"xval": 5, "yval": 0}, "replica_0", "busy: 9.500 s", "40.4")
     point = [{"curveNumber": 0, "pointNumber": 0}]
     hover(page, PHASES_ID, point, "step 1 \u00b7 profiled", "rollout only: 13.000 s", "14.600 s")
+    # The servers' side: step 2's replica_1 waited 30 ms in the queue (its fourth bar).
+    bar = [{"curveNumber": 0, "pointNumber": 3}]
+    hover(page, "plot-server-side", bar, "step 2 \u00b7 replica_1", "queued: p50 30.00 ms")
     hidden = f"{TRACES}, .legend, .colorbar, .hoverlayer"
     page.add_style_tag(content=f"{hidden} {{ visibility: hidden !important; }}")
     for element in page.query_selector_all(".js-plotly-plot"):
@@ -704,7 +736,10 @@ def test_a_demo_runs_report_renders(browser: object, demo_run: Path) -> None:
     report = collect(demo_run)
     assert [s.step for s in report.steps] == [1, 2] and all(s.timeline for s in report.steps)
     seen = load(browser, demo_run / "report.html")  # the demo's own page
-    check(seen, RUN_IDS + PLOT_IDS + STEP_IDS)
+    # Every plot but the servers' side: the reference server sends no request spans.
+    drawn_ids = [p for p in PLOT_IDS if p != "plot-server-side"]
+    assert "no server sent spans of the run" in (demo_run / "report.html").read_text()
+    check(seen, RUN_IDS + drawn_ids + STEP_IDS)
     check_links(seen)
 
 

@@ -389,3 +389,46 @@ def test_the_c_recorder_and_its_twin_give_the_same_traceparent(
     hex_step = NO_STEP if taken_step is None else f"{taken_step:016x}"
     span = expected_span(request_id)
     assert got[0] == (f"00-{salt}{hex_step}-{span}-01", span)
+
+
+# -- Request.tracestate ----------------------------------------------------------------------
+
+
+class _Replica(int):
+    """An int subclass whose text differs from its value: the tracestate holds its value."""
+
+    def __repr__(self) -> str:
+        raise AssertionError("__repr__ was called")
+
+    def __str__(self) -> str:
+        raise AssertionError("__str__ was called")
+
+    def __format__(self, spec: str) -> str:
+        raise AssertionError("__format__ was called")
+
+
+@both
+@pytest.mark.parametrize(
+    ("replica", "expected"),
+    [
+        (0, "aprof=r0"),
+        (17, "aprof=r17"),
+        (2**62, f"aprof=r{2**62}"),
+        pytest.param(_Replica(5), "aprof=r5", id="int-subclass"),
+        (True, "aprof=r1"),  # an int, as the recorder takes it
+        (-1, None),
+        (2**64, None),
+        ("0", None),
+        (None, None),
+        (1.0, None),
+    ],
+)
+async def test_the_tracestate_names_the_replica_of_a_request_with_trace_context(
+    impl: Impl, replica: object, expected: str | None
+) -> None:
+    req = impl.Request(gate(impl, 2), None, replica, "r")
+    assert req.tracestate == expected
+    async with req:
+        assert req.tracestate == expected
+    plain = impl.Request(gate(impl, 2, salt=None), None, replica, "r")
+    assert plain.tracestate is None  # no trace context: no tracestate
