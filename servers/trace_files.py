@@ -19,11 +19,10 @@ import stat
 import zlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from aprof._iterations import SGLANG_STEP, VLLM_ITERATION
 from aprof._safe_files import create_exclusive, exists, open_folder
-from aprof._trace_json import read_trace
+from aprof._traces.iterations import SGLANG_STEP, VLLM_ITERATION
+from aprof._traces.stream import open_trace
 
 TRACE_SUFFIXES = (".pt.trace.json.gz", ".pt.trace.json", ".profiler_out.txt")
 """The file names vLLM gives a capture's traces (torch traces and the summary table)."""
@@ -201,41 +200,41 @@ def _is_trace(name: str, is_dir: bool) -> bool:
 
 
 MAX_TRACE_BYTES = 256 * 2**20
-"""The most a trace is read to count its steps, uncompressed (SGLang advises traces under
-~100 MB); a larger one counts as unreadable and the counter is used instead."""
+"""The most of a trace's JSON read to count its steps, uncompressed (a few seconds; SGLang
+advises traces under ~100 MB); a larger one counts as unreadable and the counter is used
+instead. Read event by event: memory does not grow with it."""
 
 
-def _trace_events(path: str | os.PathLike[str], limit: int) -> list[Any]:
-    """The events of a Chrome trace (``.json`` or ``.json.gz``), reading at most ``limit``
-    bytes of JSON. Raises ``ValueError`` for a larger file or one that is not a trace, and
-    what reading raises (``OSError``, ``EOFError``, ``zlib.error``)."""
-    events = read_trace(path, limit).get("traceEvents", [])
-    if not isinstance(events, list):
-        raise ValueError(f"{path}: not a Chrome trace")
-    return events
-
-
-def _annotations(events: list[Any], matches: Callable[[str], object]) -> int:
-    """The CPU-side user annotations (``record_function`` ranges) whose name ``matches``."""
-    return sum(
-        1
-        for event in events
-        if isinstance(event, dict)
-        and event.get("cat") == "user_annotation"
-        and matches(str(event.get("name")))
-    )
+def _annotations(path: str | os.PathLike[str], limit: int, matches: Callable[[str], object]) -> int:
+    """The CPU-side user annotations (``record_function`` ranges) whose name ``matches`` in a
+    Chrome trace (``.json`` or ``.json.gz``), reading at most ``limit`` bytes of its JSON.
+    Raises ``ValueError`` for a larger file or one that is not a trace, and what reading
+    raises (``OSError``, ``EOFError``, ``zlib.error``), also for a file cut short."""
+    count = 0
+    with open_trace(path) as trace:
+        for batch in trace.batches():
+            if trace.json_bytes > limit:
+                raise ValueError(f"{path}: more than {limit} bytes of trace JSON")
+            count += sum(
+                1
+                for event in batch
+                if event.get("cat") == "user_annotation" and matches(str(event.get("name")))
+            )
+        if trace.stopped is not None:
+            raise trace.stopped
+    return count
 
 
 def count_vllm_iterations(path: str | os.PathLike[str], *, limit: int = MAX_TRACE_BYTES) -> int:
     """The engine steps a vLLM worker trace holds (its per-iteration annotations)."""
-    return _annotations(_trace_events(path, limit), VLLM_ITERATION.match)
+    return _annotations(path, limit, VLLM_ITERATION.match)
 
 
 def count_sglang_steps(path: str | os.PathLike[str], *, limit: int = MAX_TRACE_BYTES) -> int:
     """The forward passes an SGLang trace holds: one ``step[<MODE> bs=N ...]`` annotation
     each (EXTEND, DECODE, MIXED, VERIFY, DRAFT, IDLE), not ``scheduler.run_batch``, which
     also covers the batch that ends the capture."""
-    return _annotations(_trace_events(path, limit), lambda name: name.startswith(SGLANG_STEP))
+    return _annotations(path, limit, lambda name: name.startswith(SGLANG_STEP))
 
 
 def _largest_count(traces: list[Path], count: Callable[[Path], int]) -> int | None:

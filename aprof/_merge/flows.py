@@ -101,28 +101,6 @@ class Links:
             if span is not None:
                 self.spans.setdefault((span.replica, span.request_id), []).append(span)
 
-    def see_server(self, events: list[dict[str, Any]], replica: int) -> None:
-        """Take the forward steps of a replica's placed trace that name their requests."""
-        by_thread: dict[tuple[object, str], list[tuple[float, float, int]]] = defaultdict(list)
-        named: dict[int, list[str]] = {}
-        forward = [e for e in events if _slice(e, "forward_step#")]
-        for index, event in enumerate(forward):
-            by_thread[_thread(event)].append((event["ts"], event["ts"] + event["dur"], index))
-        for slices in by_thread.values():
-            slices.sort()
-        for event in events:
-            if not _slice(event, REQUESTS_RECORD):
-                continue
-            thread = by_thread.get(_thread(event), [])
-            holder = _enclosing(thread, event["ts"])
-            if holder is not None:
-                named.setdefault(holder, []).extend(request_ids(event["name"]))
-        for index, ids in named.items():
-            step = forward[index]
-            self.steps.append(
-                ForwardStep(replica, step.get("pid"), step.get("tid"), step["ts"], tuple(ids))
-            )
-
     def see_otel(self, spans: Iterable[dict[str, Any]], base_ns: int) -> int:
         """Take the servers' request spans (``otel/step_<n>.spans.jsonl`` lines), placed on
         the merged clock (``base_ns``); the number that were not spans of a request."""
@@ -201,6 +179,45 @@ class Links:
                 if spans:
                     # An id used twice: the span that covers the step, else the nearest.
                     yield min(spans, key=lambda s: max(s.begin - step.ts, step.ts - s.end, 0)), step
+
+
+class ServerTrace:
+    """One replica trace's forward steps and request records, as its events come (placed);
+    :meth:`end` gives those forward steps that hold a record, for :attr:`Links.steps`."""
+
+    def __init__(self, replica: int) -> None:
+        self._replica = replica
+        self._forward: list[tuple[float, float, object, object]] = []
+        self._records: list[tuple[tuple[object, str], float, list[str]]] = []
+
+    def see(self, events: Iterable[dict[str, Any]]) -> None:
+        """Take the forward steps and request records among ``events`` (placed)."""
+        for event in events:
+            if _slice(event, "forward_step#"):
+                begin = event["ts"]
+                self._forward.append(
+                    (begin, begin + event["dur"], event.get("pid"), event.get("tid"))
+                )
+            elif _slice(event, REQUESTS_RECORD):
+                self._records.append((_thread(event), event["ts"], request_ids(event["name"])))
+
+    def end(self) -> list[ForwardStep]:
+        """Each forward step that holds a request record, with the ids it names."""
+        by_thread: dict[tuple[object, str], list[tuple[float, float, int]]] = defaultdict(list)
+        for index, (begin, end, pid, tid) in enumerate(self._forward):
+            by_thread[(pid, str(tid))].append((begin, end, index))
+        for slices in by_thread.values():
+            slices.sort()
+        named: dict[int, list[str]] = {}
+        for thread, ts, ids in self._records:
+            holder = _enclosing(by_thread.get(thread, []), ts)
+            if holder is not None:
+                named.setdefault(holder, []).extend(ids)
+        found = []
+        for index, ids in named.items():
+            begin, _, pid, tid = self._forward[index]
+            found.append(ForwardStep(self._replica, pid, tid, begin, tuple(ids)))
+        return found
 
 
 def request_ids(name: str) -> list[str]:

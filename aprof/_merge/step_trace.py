@@ -23,29 +23,32 @@ steps, flow arrows link each request span to them (``flows.py``).
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
-import zlib
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
-from typing import Any
+from collections.abc import Generator, Iterable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from aprof._config import StepSelection
 from aprof._manifest import Manifest, WindowRecord, load_manifest
+from aprof._merge import parallel
 from aprof._merge.archive import ArchiveFile
 from aprof._merge.archive import write as write_archive
 from aprof._merge.flows import Links
+from aprof._merge.gzip_stream import Deflated, gzip_stream
+from aprof._merge.placing import FLOWS_PER_INPUT, Input, Placed, Scope, place, texts
 from aprof._otel import FOLDER as OTEL_FOLDER
 from aprof._otel import Collected, collected_spans, otel_folder, read_step, step_file
 from aprof._safe_files import open_folder, replace_file
-from aprof._trace_json import is_trace_json, read_trace_below, time_base, unreadable
+from aprof._traces.files import (
+    is_trace_json,
+    unreadable,
+    without_merged_copy,
+)
 
 FOLDER = "merged"
 """Where the merged traces go, below ``save_path`` unless told otherwise."""
-MAX_INPUT_BYTES = 2 << 30
-"""The largest input taken, compressed or not (the profiler's default ``max_window_bytes``)."""
 _CHUNK = 1 << 20
 _FLOW_PHASES = ("s", "t", "f")  # a tuple: a phase may be any JSON value, a list too
 _DROPPED_METADATA = {"process_name", "process_labels", "process_sort_index"}
@@ -70,46 +73,27 @@ class MergedStep:
 
 
 @dataclass
-class _Input:
-    """One file to merge, with what the merged trace calls its processes."""
-
-    path: str
-    """Relative to ``save_path``."""
-    label: str
-    """What the merged trace calls its processes (a server's file: with the part of it)."""
-    sort: int
-    timeline_process: str | None = None
-    """Set for a timeline part: take only the step's events."""
-    host: str | None = None
-    """The host that wrote it, where the manifest says."""
-    server: bool = False
-    """A rollout server's file: its part (worker, frontend) completes the label."""
-    replica: int | None = None
-    """The replica a rollout server's file belongs to, when its target's name says
-    (``replica_<r>``): its forward steps are linked to that replica's requests."""
-
-
-@dataclass
 class _Output:
     base_ns: int
     events: int = 0
-    next_pid: int = 1
-    next_flow: int = 1
-    """The next flow id: flows are numbered anew across the merged file."""
     notes: list[str] = field(default_factory=list)
     merged: list[str] = field(default_factory=list)
     others: list[str] = field(default_factory=list)
     archived: list[ArchiveFile] = field(default_factory=list)
     """The merged inputs, as the trace archive holds them."""
-    scopes: dict[str, int] = field(default_factory=dict)
-    """Each process's (timeline) or file's index: what keeps its ids apart from others'."""
-    pids: dict[str, dict[object, int]] = field(default_factory=dict)
-    """Per scope: its pids in the merged trace, by their own."""
-    open_ids: dict[str, dict[object, int]] = field(default_factory=dict)
-    """Per timeline process: the ids of the step's spans begun and not yet ended, with how
-    many of their nested slices are open."""
+    scopes: dict[int, Scope] = field(default_factory=dict)
+    """Per scope (all parts of one timeline, or one file): its pids and open spans."""
     links: Links = field(default_factory=Links)
     """The step's request spans and forward steps that name them: the flow arrows."""
+
+    def take(self, item: Input, placed: Placed) -> None:
+        """What placing ``item`` gave, besides its text."""
+        self.events += placed.events
+        self.notes += placed.notes
+        self.links.steps += placed.forward
+        if placed.archived is not None:
+            self.merged.append(item.path)
+            self.archived.append(placed.archived)
 
 
 def merge(
@@ -118,12 +102,15 @@ def merge(
     steps: StepSelection | Iterable[int] | None = None,
     out: str | os.PathLike[str] | None = None,
     otel: str | os.PathLike[str] | None = None,
+    jobs: int | None = None,
 ) -> list[MergedStep]:
     """Merge each profiled step of the run in ``save_path`` (or ``steps``) into
     ``<out>/step_<n>.trace.json.gz`` (``out`` defaults to ``save_path/merged``). The servers'
     own spans of its requests come from the run's receiver (``save_path/otel/``) and from
     ``otel``, a folder of files an OpenTelemetry collector's file exporter wrote (OTLP JSON,
-    one export per line).
+    one export per line). ``jobs`` worker processes read a step's captures at once (default:
+    the cores available, for steps whose captures are large enough to pay for their start;
+    1: none), the merged file the same whatever their number.
 
     Raises ``ManifestError`` when ``save_path`` holds no readable manifest and ``ValueError``
     for a step the run did not profile; an input that cannot be merged is a note instead.
@@ -146,7 +133,18 @@ def merge(
     collected = Collected()
     if otel is not None:
         collected = collected_spans(Path(otel), manifest.trace_salt, set(chosen))
-    return [_merge_step(root, manifest, n, where, collected) for n in chosen]
+    if jobs is not None and jobs < 1:
+        raise ValueError(f"jobs must be 1 or more, got {jobs}")
+    size = parallel.WORTH_BYTES if jobs is None else 0  # asked for: used whatever the size
+    count = parallel.available_cores() if jobs is None else jobs
+    workers = (
+        parallel.Workers(count) if count > 1 and _worth_workers(manifest, chosen, size) else None
+    )
+    try:
+        return [_merge_step(root, manifest, n, where, collected, workers) for n in chosen]
+    finally:
+        if workers is not None:
+            workers.close()
 
 
 def _merge_step(
@@ -155,12 +153,14 @@ def _merge_step(
     step: int,
     where: tuple[str, list[str]],
     collected: Collected,
+    workers: parallel.Workers | None,
 ) -> MergedStep:
     output = _Output(base_ns=manifest.clock.wall_ns)
     output.notes += collected.notes
     output.links.see_otel(collected.by_step.get(step, []), output.base_ns)
     name = f"step_{step}.trace.json.gz"
-    chunks = _gzip(_document(root, manifest, step, _inputs(manifest, step), output))
+    inputs = _inputs(manifest, step)
+    chunks = gzip_stream(_document(root, manifest, step, inputs, output, (where, workers)))
     archive = f"step_{step}.perfetto.tar"
     folder = open_folder(where[0], where[1], create=True)
     try:
@@ -181,13 +181,14 @@ def _merge_step(
     )
 
 
-def _inputs(manifest: Manifest, step: int) -> list[_Input]:
-    """What goes into ``step``'s trace: every timeline, then each window's files."""
-    found: list[_Input] = []
+def _inputs(manifest: Manifest, step: int) -> list[Input]:
+    """What goes into ``step``'s trace: every timeline, then each window's files, each
+    numbered by its place."""
+    found: list[Input] = []
     for entry in manifest.timeline:
         driver = entry.process.startswith("driver")
         found.append(
-            _Input(
+            Input(
                 entry.path,
                 "driver" if driver else entry.process,
                 0 if driver else 1,
@@ -198,71 +199,92 @@ def _inputs(manifest: Manifest, step: int) -> list[_Input]:
     for window in manifest.windows:
         if window.step == step:
             found += _window_inputs(window)
-    return sorted(found, key=lambda item: item.sort)  # the driver first: the archive's reference
+    found.sort(key=lambda item: item.sort)  # the driver first: the archive's reference
+    scopes: dict[str, int] = {}
+    return [
+        replace(
+            item,
+            number=number,
+            scope=scopes.setdefault(item.timeline_process or item.path, len(scopes)),
+        )
+        for number, item in enumerate(found)
+    ]
 
 
-def _window_inputs(window: WindowRecord) -> list[_Input]:
+def _worth_workers(manifest: Manifest, steps: list[int], size: int) -> bool:
+    """Whether one of ``steps`` holds captures enough for worker processes: two Chrome
+    traces or more, ``size`` bytes on disk in all."""
+    for n in steps:
+        sizes = [
+            f.bytes
+            for w in manifest.windows
+            if w.step == n
+            for f in w.files
+            if is_trace_json(f.path)
+        ]
+        if len(sizes) > 1 and sum(sizes) >= size:
+            return True
+    return False
+
+
+def _window_inputs(window: WindowRecord) -> list[Input]:
     if window.kind == "role":
         return [
-            _Input(f.path, f"{window.target} · rank {c.rank}", 3 + c.rank)
+            Input(f.path, f"{window.target} · rank {c.rank}", 3 + c.rank)
             for c in window.captures
             for f in c.files
-        ] or [_Input(f.path, window.target, 3) for f in window.files]
+        ] or [Input(f.path, window.target, 3) for f in window.files]
     replica = re.fullmatch(r"replica_(\d+)", window.target)
     number = int(replica.group(1)) if replica else None
-    return [_Input(f.path, window.target, 2, server=True, replica=number) for f in window.files]
-
-
-def _server_part(path: str, data: dict[str, Any]) -> str:
-    """What part of a server wrote ``path``: vLLM's frontend or worker, an SGLang TP rank."""
-    name = PurePosixPath(path).name
-    if "async_llm" in name:
-        return "frontend"
-    tp = re.search(r"TP-(\d+)", name)
-    if tp:
-        return f"SGLang TP {tp.group(1)}"
-    return "vLLM worker" if "vllm_version" in data else "server"
+    paths = without_merged_copy([f.path for f in window.files])
+    return [Input(path, window.target, 2, server=True, replica=number) for path in paths]
 
 
 def _document(
-    root: Path, manifest: Manifest, step: int, inputs: list[_Input], output: _Output
-) -> Iterator[bytes]:
-    """The merged trace's JSON text, piece by piece."""
+    root: Path,
+    manifest: Manifest,
+    step: int,
+    inputs: list[Input],
+    output: _Output,
+    pool: tuple[tuple[str, list[str]], parallel.Workers | None],
+) -> Iterator[bytes | Deflated]:
+    """The merged trace's JSON text, piece by piece: the inputs in their order, the captures
+    placed by the worker processes while the timelines are placed here, if there are any."""
+    where, workers = pool
     yield b'{"displayTimeUnit":"ms","baseTimeNanoseconds":%d,"traceEvents":[' % output.base_ns
+    traces = [item for item in inputs if is_trace_json(item.path)]
+    output.others += [item.path for item in inputs if not is_trace_json(item.path)]
+    futures: dict[int, Future[parallel.Part]] = {}
+    if workers is not None:
+        for item in traces:
+            if item.timeline_process is None:
+                futures[item.number] = workers.submit(where, root, step, item, output.base_ns)
     first = True
-    for item in inputs:
-        if not is_trace_json(item.path):
-            output.others.append(item.path)
-            continue
-        try:
-            source = root / item.path
-            data = read_trace_below(root, item.path, MAX_INPUT_BYTES)
-            read = _events(data)
-            base = time_base(data, read)
-            label = f"{item.label} · {_server_part(item.path, data)}" if item.server else item.label
-            events = read
-            if item.timeline_process is not None:  # only the step's events
-                open_ids = output.open_ids.setdefault(item.timeline_process, {})
-                events = _of_step(read, step, open_ids)
-            placed = list(_placed(events, item, label, base - output.base_ns, output))
-            texts = list(_texts(placed))
-            _collect_links(item, placed, output.links)
-            empty = None if texts else _nothing_placed(read, events, step)
-            del data, read, events, placed  # the text is all that is left to write
-        except Exception as exc:  # a damaged or hostile input costs itself only
-            output.notes.append(f"{item.path}: not merged: {unreadable(exc)}")
-            continue
-        if empty is not None:  # read, but nothing of it to show: named all the same
-            output.notes.append(f"{item.path}: not merged: {empty}")
-            continue
-        output.merged.append(item.path)
-        output.archived.append(ArchiveFile(item.path, source, base, item.host))
-        for text, count in texts:
-            yield text if first else b"," + text
-            first = False
-            output.events += count
+    try:
+        for item in traces:
+            part = _by_worker(futures.pop(item.number, None), where, step, item)
+            if part is not None:
+                if part.size:
+                    if not first:
+                        yield b","
+                    yield Deflated(parallel.read_part(where, step, item), part.crc, part.size)
+                    first = False
+                placed = part.placed
+            else:
+                scope = output.scopes.setdefault(item.scope, Scope())
+                pieces = place(root, step, item, output.base_ns, scope, output.links)
+                placed = yield from _joined(pieces, first)
+                first = first and not placed.events
+            output.take(item, placed)
+    finally:
+        by_number = {item.number: item for item in traces}
+        for number, future in futures.items():  # the step was left early: nothing left behind
+            if not future.cancel():
+                _by_worker(future, where, step, by_number[number])  # let it end: it writes
+            parallel.remove_part(where, step, by_number[number])
     _see_otel(root, step, output)
-    for text, count in _texts(list(output.links.events(output.notes, output.next_flow))):
+    first_flow = len(inputs) * FLOWS_PER_INPUT + 1  # above every input's flow ids
+    for text, count in texts(list(output.links.events(output.notes, first_flow))):
         yield text if first else b"," + text
         first = False
         output.events += count
@@ -278,17 +300,30 @@ def _document(
     yield b'],"aprof":' + json.dumps(meta, ensure_ascii=True).encode() + b"}"
 
 
-_ENCODE = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=True).encode
-_BATCH = 2000
-"""Events encoded per call: one call per event would cost more than the encoding."""
+def _by_worker(
+    future: Future[parallel.Part] | None, where: tuple[str, list[str]], step: int, item: Input
+) -> parallel.Part | None:
+    """What a worker gave for ``item`` (its text in its part file); ``None`` when no worker
+    placed it, or the worker failed (its part file, if any, removed)."""
+    if future is None:
+        return None
+    try:
+        return future.result()
+    except Exception:  # a worker that failed or died: the input is placed here instead
+        parallel.remove_part(where, step, item)
+        return None
 
 
-def _texts(events: list[dict[str, Any]]) -> Iterator[tuple[bytes, int]]:
-    """The events as the merged file holds them, a batch at a time, with their count:
-    compact ASCII JSON, never NaN or Infinity."""
-    for start in range(0, len(events), _BATCH):
-        batch = events[start : start + _BATCH]
-        yield _ENCODE(batch)[1:-1].encode(), len(batch)
+def _joined(pieces: Generator[bytes, None, Placed], first: bool) -> Generator[bytes, None, Placed]:
+    """``pieces`` with the commas between them, and before them unless ``first``."""
+    while True:
+        try:
+            text = next(pieces)
+        except StopIteration as done:
+            placed: Placed = done.value
+            return placed
+        yield text if first else b"," + text
+        first = False
 
 
 def _see_otel(root: Path, step: int, output: _Output) -> None:
@@ -306,167 +341,3 @@ def _see_otel(root: Path, step: int, output: _Output) -> None:
     output.others.append(found.shown)
     if bad:
         output.notes.append(f"{found.shown}: {bad} line(s) not a server's span of a request")
-
-
-def _collect_links(item: _Input, placed: list[dict[str, Any]], links: Links) -> None:
-    """Hand a merged input's placed events to ``links``: a timeline's request spans, a
-    replica's forward steps."""
-    if item.timeline_process is not None:
-        links.see_timeline(placed)
-    elif item.replica is not None:
-        links.see_server(placed, item.replica)
-
-
-def _events(data: dict[str, Any]) -> list[dict[str, Any]]:
-    events = data.get("traceEvents")
-    if not isinstance(events, list):
-        raise ValueError("no traceEvents list")
-    return [e for e in events if isinstance(e, dict)]
-
-
-def _nothing_placed(read: list[dict[str, Any]], taken: list[dict[str, Any]], step: int) -> str:
-    """Why an input gives the merged trace nothing: ``read`` its events, ``taken`` those of
-    them it would give (a timeline's: those of ``step``), every one left out."""
-    if not read:
-        return "no trace events (no JSON object in its traceEvents)"
-    if not taken:
-        return f"no events of step {step}"
-    names = sum(1 for e in taken if _dropped(e))
-    reasons = []
-    if len(taken) > names:
-        reasons.append(f"{len(taken) - names} without a usable ts (a finite number)")
-    if names:
-        reasons.append(f"{names} naming processes, which the merged trace names itself")
-    return f"none of its {len(taken)} events can be placed: " + ", ".join(reasons)
-
-
-def _dropped(event: dict[str, Any]) -> bool:
-    """Whether ``event`` is process metadata the merged trace writes anew."""
-    return event.get("ph") == "M" and event.get("name") in _DROPPED_METADATA
-
-
-def _usable_ts(ts: object) -> bool:
-    """Whether ``ts`` is absent (metadata) or a finite number."""
-    if ts is None:
-        return True
-    if isinstance(ts, bool) or not isinstance(ts, int | float):
-        return False
-    try:
-        return math.isfinite(ts)
-    except OverflowError:  # an integer beyond any float
-        return False
-
-
-def _placed(
-    events: list[dict[str, Any]],
-    item: _Input,
-    label: str,
-    offset_ns: int,
-    output: _Output,
-) -> Iterator[dict[str, Any]]:
-    """The input's ``events`` (a timeline's: those of the step) moved by ``offset_ns`` onto the
-    merged clock, with pids of their own, its processes named ``label`` first."""
-    # A timeline's parts are one process: they share its pids and ids.
-    scope = item.timeline_process or item.path
-    tag = output.scopes.setdefault(scope, len(output.scopes))
-    # Taken from the output once the whole input is placed: a damaged one leaves no trace.
-    pids = dict(output.pids.get(scope, {}))
-    next_pid = output.next_pid
-    names: dict[object, str] = {}
-    for event in events:
-        if event.get("ph") == "M" and event.get("name") == "process_name":
-            names[event.get("pid")] = str((event.get("args") or {}).get("name", ""))
-    new: list[tuple[object, int]] = []
-    flows: dict[str, int] = {}  # this input's flow ids, renumbered
-    for event in events:
-        ts = event.get("ts")
-        if _dropped(event) or not _usable_ts(ts):
-            continue  # before its pid is taken: a process of nothing but these is not named
-        placed = event  # parsed here, nobody else's: changed in place
-        if "pid" in placed:
-            pid = pids.get(placed["pid"])
-            if pid is None:
-                pid = pids[placed["pid"]] = next_pid
-                next_pid += 1
-                new.append((placed["pid"], pid))
-            placed["pid"] = pid
-        if ts is not None:
-            placed["ts"] = round(ts + offset_ns / 1000, 3)
-        for key in ("id", "bind_id"):  # flow and async ids are global: keep each input's apart
-            if key not in placed:
-                continue
-            if key == "bind_id" or placed.get("ph") in _FLOW_PHASES:
-                # Perfetto reads a flow id as a number (a string as hex): renumber, not tag.
-                flow_id = str(placed[key])
-                if flow_id not in flows:
-                    flows[flow_id] = output.next_flow
-                    output.next_flow += 1
-                placed[key] = flows[flow_id]
-            else:
-                placed[key] = f"{tag}:{placed[key]}"
-        yield placed
-    output.pids[scope], output.next_pid = pids, next_pid
-    for original, pid in new:
-        name = label
-        if len(pids) > 1:  # a torch trace's other processes: its devices, say
-            name = f"{label} · {names.get(original) or _pid_name(original)}"
-        yield {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}}
-        yield {
-            "ph": "M",
-            "name": "process_sort_index",
-            "pid": pid,
-            "tid": 0,
-            "args": {"sort_index": item.sort * 1000 + pid},
-        }
-
-
-def _pid_name(pid: object) -> str:
-    if isinstance(pid, int):
-        return f"pid {pid}"
-    return str(pid) or "unnamed"  # Kineto names some pseudo-processes by their pid
-
-
-def _of_step(
-    events: list[dict[str, Any]], step: int, open_ids: dict[object, int]
-) -> list[dict[str, Any]]:
-    """A timeline's events of ``step``: those that say so, the events of the spans they begin
-    until those end (nested slices share their span's id; an end may come in a later part of
-    the timeline), and the metadata."""
-    kept = []
-    for event in events:
-        phase, args = event.get("ph"), event.get("args")
-        span = _span_id(event)
-        ours = isinstance(args, dict) and args.get("step") == step
-        if phase == "M" or ours or (span is not None and span in open_ids):
-            kept.append(event)
-        if span is None or not (ours or span in open_ids):
-            continue
-        if phase == "b":
-            open_ids[span] = open_ids.get(span, 0) + 1
-        elif phase == "e":
-            depth = open_ids.pop(span, 1) - 1
-            if depth > 0:
-                open_ids[span] = depth
-    return kept
-
-
-def _span_id(event: dict[str, Any]) -> object:
-    ids = event.get("id2")
-    if isinstance(ids, dict):
-        return ("id2", str(ids.get("local", ids.get("global"))), event.get("cat"))
-    if "id" in event:
-        return ("id", str(event["id"]), event.get("cat"))
-    return None
-
-
-def _gzip(pieces: Iterable[bytes]) -> Iterator[bytes]:
-    deflate = zlib.compressobj(1, zlib.DEFLATED, 31)  # speed over ratio, as the timeline
-    buffered: list[bytes] = []
-    size = 0
-    for piece in pieces:
-        buffered.append(piece)
-        size += len(piece)
-        if size >= _CHUNK:
-            yield deflate.compress(b"".join(buffered))
-            buffered, size = [], 0
-    yield deflate.compress(b"".join(buffered)) + deflate.flush()

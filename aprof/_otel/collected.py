@@ -10,7 +10,7 @@ from typing import Any, Final
 
 from aprof._otel.spans import JSON, BodyError, decode, require, step_of
 from aprof._safe_files import read_regular
-from aprof._trace_json import unreadable
+from aprof._traces.files import unreadable
 
 MAX_FILE_BYTES: Final = 2 << 30
 """A collector's file read at most."""

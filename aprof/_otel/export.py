@@ -19,7 +19,7 @@ from aprof._config import StepSelection
 from aprof._manifest import Manifest, load_manifest
 from aprof._otel.spans import NO_STEP
 from aprof._timeline.recorder import span_id_of
-from aprof._trace_json import read_trace_below
+from aprof._traces.files import read_trace_below
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan

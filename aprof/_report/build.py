@@ -3,8 +3,10 @@
 :func:`collect` reads a run back from its ``save_path``: the manifest (every window), every
 timeline part it lists (aprof's request and capture spans) and the Chrome JSON traces of every
 window (the servers' iterations, the trainer's stages). Each input is read below ``save_path``
-without following a link, at most ``MAX_INPUT_BYTES`` of JSON, one at a time; one that cannot
-be read is a problem line of the report, never an exception, and the rest is reported.
+without following a link, one at a time: a window's traces event by event, whatever their size
+(``aprof._traces.stream``), a timeline part whole (at most ``MAX_INPUT_BYTES`` of JSON); one
+that cannot be read is a problem line of the report, never an exception, and the rest is
+reported.
 
 - **Request latency**: each ``request`` span of a timeline (its ``b`` and ``e`` paired by
   ``id2.local``), end minus begin. Per profiled step, split by the span's ``captured`` flag;
@@ -20,7 +22,7 @@ be read is a problem line of the report, never an exception, and the rest is rep
   (``baseTimeNanoseconds`` + ``ts``): requests and captures may be on different processes'
   timelines.
 - **Iterations**: per rollout window, the ``user_annotation`` ``X`` slices of its traces named as
-  an engine names one iteration (``aprof._iterations``: the reference server's
+  an engine names one iteration (``aprof._traces.iterations``: the reference server's
   ``forward_step#<k>``, which in its vLLM dialect holds vLLM's own annotation and so is taken
   alone when a trace has it; else vLLM's ``execute_..._context_...(`` or SGLang's ``step[``),
   from the trace that holds the most (each rank of a server writes the same iterations).
@@ -72,7 +74,7 @@ from aprof._report.model import (
 )
 from aprof._report.requests import Requests, StepRequests, gated_waits
 from aprof._report.server import server_sides
-from aprof._trace_json import read_trace_below, unreadable
+from aprof._traces.files import read_trace_below, unreadable
 
 RUN_VALUES = 100_000
 """The most values the run-wide latency distributions keep for their percentiles."""

@@ -13,7 +13,7 @@ from typing import Any
 from aprof._accounting import StepAccount
 from aprof._otel import FOLDER, PHASES, Served, otel_folder, read_step, served, step_file
 from aprof._timeline.recorder import span_id_of
-from aprof._trace_json import unreadable
+from aprof._traces.files import unreadable
 
 
 def server_sides(root: Path, accounts: Iterable[StepAccount]) -> tuple[dict[int, Any], list[str]]:

@@ -13,15 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from aprof._iterations import Dialect, iteration_dialect
 from aprof._manifest import Manifest, WindowRecord
 from aprof._report import clock as _report_clock
 from aprof._report.clock import US, interval, number
 from aprof._report.model import Interval
-from aprof._trace_json import is_trace_json, read_trace_below, time_base, unreadable
+from aprof._traces.files import is_trace_json, unreadable, without_merged_copy
+from aprof._traces.iterations import Dialect, iteration_dialect
+from aprof._traces.stream import open_trace_below
 
 MAX_INPUT_BYTES = 2 << 30
-"""The largest input read, compressed or not (as ``aprof merge``)."""
+"""The largest timeline part read whole (aprof writes its timeline in parts)."""
 _T = TypeVar("_T")
 
 
@@ -40,17 +41,23 @@ def read_or_note(
     root: Path,
     path: str,
     problems: list[tuple[int, str]],
-    take: Callable[[list[Any], int | None], _T],
+    take: Callable[[Iterable[Any], int | None], _T],
 ) -> _T | None:
-    """``take`` of the trace at ``path`` and of its time base (the wall-clock ns its ``ts`` 0
-    stands for; ``None`` when it is on no known clock); ``None``, with a problem, when it
-    cannot be read."""
+    """``take`` of the trace's events at ``path`` (read as they are taken, never held) and of
+    its time base (the wall-clock ns its ``ts`` 0 stands for; ``None`` when it is on no known
+    clock); ``None``, with a problem, when it cannot be read. A trace cut short gives what
+    came before the cut, with a problem."""
     try:
-        data = read_trace_below(root, path, MAX_INPUT_BYTES)
-        events = data.get("traceEvents")
-        if not isinstance(events, list):
-            raise ValueError("not a Chrome trace: no traceEvents list")
-        return take(events, _clock(data, events))
+        with open_trace_below(root, path) as trace:
+            try:
+                base: int | None = trace.clock_ns
+            except ValueError:
+                base = None
+            found = take((e for batch in trace.batches() for e in batch), base)
+            if trace.stopped is not None:
+                why = unreadable(trace.stopped)
+                problems.append((4, f"{path}: cut short after {trace.events_read} events: {why}"))
+            return found
     except Exception as exc:  # a damaged trace costs its own numbers only
         problems.append((4, f"{path}: unreadable: {unreadable(exc)}"))
         return None
@@ -70,7 +77,7 @@ def iterations(root: Path, window: WindowRecord, problems: list[tuple[int, str]]
     """The window's iterations, from the trace holding the most; ``None`` when no trace
     holds any."""
     best: _Found | None = None
-    for path in (f.path for f in window.files):
+    for path in without_merged_copy([f.path for f in window.files]):
         if not is_trace_json(path):
             continue
         found = read_or_note(root, path, problems, _iteration_durations)
@@ -80,16 +87,9 @@ def iterations(root: Path, window: WindowRecord, problems: list[tuple[int, str]]
     return best
 
 
-def _clock(data: dict[str, Any], events: list[Any]) -> int | None:
-    """The wall-clock ns a ``ts`` of 0 stands for in this trace (as ``aprof merge`` places
-    it); ``None`` when it is on no known clock."""
-    try:
-        return time_base(data, [e for e in events if isinstance(e, dict)])
-    except ValueError:
-        return None
-
-
-def _annotations(events: list[Any]) -> Iterable[tuple[str, float | None, float, dict[str, Any]]]:
+def _annotations(
+    events: Iterable[Any],
+) -> Iterable[tuple[str, float | None, float, dict[str, Any]]]:
     """The name, ``ts`` (µs; ``None`` when it is no number) and duration (µs) of each
     CPU-side ``record_function`` range of a trace, with the event."""
     for event in events:
@@ -110,7 +110,7 @@ def _placed(base_ns: int | None, ts: float | None, dur: float, label: str) -> In
     return interval(base_ns, ts, dur, label)
 
 
-def _iteration_durations(events: list[Any], base_ns: int | None) -> _Found:
+def _iteration_durations(events: Iterable[Any], base_ns: int | None) -> _Found:
     by_dialect: dict[Dialect, _Found] = {}
     for name, ts, dur, _ in _annotations(events):
         dialect = iteration_dialect(name)
@@ -138,7 +138,7 @@ def _earliest(items: list[Interval]) -> None:
 
 
 def stages(
-    events: list[Any], base_ns: int | None, names: set[str]
+    events: Iterable[Any], base_ns: int | None, names: set[str]
 ) -> tuple[dict[str, list[float]], list[Interval], int]:
     """The durations (s) of each stage's ranges, and as intervals the stage ranges, else (none
     in this trace) the top-level ranges: the earliest ``TIMELINE_ITEMS``, and how many there

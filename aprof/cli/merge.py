@@ -5,9 +5,11 @@ windows' Chrome JSON traces (the servers' workers and frontends, the trainer ran
 SAVE_PATH/merged/step_<n>.trace.json.gz (or --out DIR), placed by wall clock, each process
 named by its target, and beside it the same files untouched in a Perfetto trace archive
 (step_<n>.perfetto.tar, with a perfetto_manifest.json placing each on the driver's timeline).
-Open either in https://ui.perfetto.dev (the merged trace also in chrome://tracing). An input that
-cannot be merged (missing, truncated, not JSON, on no known clock) is named in a note and left
-out. Exits 1 with one line when SAVE_PATH holds no run or a step was not profiled.
+Open either in https://ui.perfetto.dev (the merged trace also in chrome://tracing). Each input
+is read event by event, whatever its size; --jobs worker processes read a step's captures at
+once. An input that cannot be merged (missing, not JSON, on no known clock) is named in a note
+and left out; one cut short is merged up to the cut, with a note. Exits 1 with one line when
+SAVE_PATH holds no run or a step was not profiled.
 """
 
 from __future__ import annotations
@@ -30,13 +32,20 @@ def arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="the servers' spans also from the files a collector's file exporter wrote here",
     )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        metavar="N",
+        help="worker processes reading a step's captures at once (default: the cores "
+        "available, for large steps; 1: none)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     """Merge, print each merged file with its notes; 0, or 1 with one line on bad input."""
     try:
         steps = None if args.steps is None else StepSelection.parse(args.steps, key="--steps")
-        merged = merge(args.save_path, steps=steps, out=args.out, otel=args.otel)
+        merged = merge(args.save_path, steps=steps, out=args.out, otel=args.otel, jobs=args.jobs)
     except (ManifestError, ValueError, OSError) as exc:
         print(f"aprof merge: {exc}".replace("\n", "\\n"), file=sys.stderr)
         return 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -33,7 +34,7 @@ def demo(demo_run: Path) -> Path:
 
 
 def events_of(path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    with gzip.open(path, "rt", encoding="ascii") as f:
+    with gzip.open(path, "rt", encoding="utf-8") as f:  # strict: valid UTF-8
         doc = json.load(f, parse_constant=pytest.fail)  # no NaN or Infinity
     return doc["traceEvents"], doc
 
@@ -120,13 +121,17 @@ def test_a_failed_window_and_damaged_inputs_are_named_and_the_rest_merged(
 
     (step,) = merge(run, steps=[1])
     notes = "\n".join(step.notes)
-    assert f"{worker}: not merged: truncated" in notes
+    # Cut mid-write: the events before the cut are merged, and the note says where it ended.
+    cut = re.escape(worker) + r": cut short after \d+ events \(truncated .*\): what came before"
+    assert re.search(cut, notes), notes
+    assert worker in step.inputs
     assert f"{frontend}: not merged: missing" in notes
     assert f"{trainer}: not merged: a link: not followed below save_path" in notes
     events, doc = events_of(step.path)
     assert doc["aprof"]["notes"] == list(step.notes)
     labels = set(processes(events).values())
     assert "replica_0 · frontend" in labels
+    assert any(label.startswith("replica_0 · vLLM worker") for label in labels)
     assert any(label.startswith("replica_1 · vLLM worker · python") for label in labels)
     assert not any(label.startswith("trainer · rank") for label in labels)  # the capture's
     assert any(label.startswith("trainer-rank0-") for label in labels)  # the rank's timeline
@@ -138,7 +143,7 @@ def test_the_command_line(demo: Path, tmp_path: Path) -> None:
         command = [sys.executable, "-m", "aprof", "merge", *args]
         return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
 
-    done = aprof_merge(str(demo), "--steps", "2", "--out", str(tmp_path))
+    done = aprof_merge(str(demo), "--steps", "2", "--out", str(tmp_path), "--jobs", "2")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"step 2: {tmp_path / 'step_2.trace.json.gz'} (")
     assert (tmp_path / "step_2.trace.json.gz").is_file()
@@ -151,6 +156,7 @@ def test_the_command_line(demo: Path, tmp_path: Path) -> None:
         ((str(demo), "--steps", "3"), "no step of 3 was profiled in this run (profiled: 1, 2)"),
         ((str(tmp_path / "none"),), "cannot read"),
         ((str(demo), "--steps", "x"), "--steps"),
+        ((str(demo), "--jobs", "0"), "jobs must be 1 or more, got 0"),
     ]:
         bad = aprof_merge(*args)
         assert bad.returncode == 1 and bad.stdout == ""
@@ -203,7 +209,7 @@ def test_any_json_in_an_input_leaves_a_valid_merged_trace(
     with gzip.open(run / frontend, "wt") as f:
         json.dump(doc, f)  # NaN and Infinity too: Python's json writes them
 
-    (step,) = merge(run, steps=[2], out=tmp_path / "out")
+    (step,) = merge(run, steps=[2], out=tmp_path / "out", jobs=1)
     merged, _ = events_of(step.path)  # valid JSON, no NaN: whatever the input held
     assert len(merged) == step.events
     names = set(processes(merged).values())
@@ -212,6 +218,58 @@ def test_any_json_in_an_input_leaves_a_valid_merged_trace(
     named = [n for n in step.notes if n.startswith(f"{frontend}: not merged: ")]
     assert (frontend in step.inputs) != bool(named), (step.inputs, step.notes)
     assert all(len(n) > len(f"{frontend}: not merged: ") for n in named)
+
+
+def test_worker_processes_merge_the_same_file_and_leave_nothing_behind(
+    demo: Path, tmp_path: Path
+) -> None:
+    """``jobs=2`` (captures placed by two worker processes, their parts laid into the gzip
+    stream as they are) and ``jobs=1`` give the same merged text, byte for byte; a worker that
+    cannot write its part (a folder where the part file goes) costs nothing: that input is
+    placed by the merging process."""
+    alone = merge(demo, out=tmp_path / "one", jobs=1)
+    out = tmp_path / "two"
+    out.mkdir()
+    (out / ".step_1.part2.deflate").mkdir()  # input 2 of step 1 (a worker trace): its write fails
+    together = merge(demo, out=out, jobs=2)
+    for one, two in zip(alone, together, strict=True):
+        assert gzip.decompress(one.path.read_bytes()) == gzip.decompress(two.path.read_bytes())
+        assert (one.events, one.inputs, one.notes) == (two.events, two.inputs, two.notes)
+    made = [p.path.name for p in together] + [p.archive.name for p in together if p.archive]
+    left = sorted(p.name for p in out.iterdir())
+    assert left == sorted([".step_1.part2.deflate", *made])  # no part file of a worker's
+    with pytest.raises(ValueError, match="jobs must be 1 or more"):
+        merge(demo, jobs=0)
+
+
+def test_sglangs_ranks_are_named_as_sglang_names_them_and_its_merged_copy_is_skipped(
+    demo: Path, tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(demo, run)
+    manifest = aprof.load_manifest(run)
+    (window,) = [w for w in manifest.windows if w.step == 1 and w.target == "replica_1"]
+    worker = next(
+        f.path for f in window.files if "async_llm" not in f.path and "pt.trace" in f.path
+    )
+    folder = (run / worker).parent
+    ranks = folder / "1796.5-TP-1-DP-2-PP-0-EP-3-DECODE.trace.json.gz"
+    copy = folder / "merged-1796.5.trace.json.gz"
+    shutil.copy(run / worker, ranks)
+    shutil.copy(run / worker, copy)
+    step_file = run / "manifest" / "step_1.json"
+    record = json.loads(step_file.read_text())
+    for entry in record["windows"]:
+        if entry["target"] == "replica_1":
+            for path in (ranks, copy):
+                entry["files"].append({"path": str(path.relative_to(run)), "bytes": 1})
+    step_file.write_text(json.dumps(record))
+    (step,) = merge(run, steps=[1], out=tmp_path / "out", jobs=1)
+    assert str(ranks.relative_to(run)) in step.inputs
+    assert str(copy.relative_to(run)) not in step.inputs + step.others
+    events, _ = events_of(step.path)
+    labels = set(processes(events).values())
+    assert any(n.startswith("replica_1 · SGLang TP 1 DP 2 PP 0 EP 3 DECODE") for n in labels)
 
 
 def test_a_timeline_in_parts_is_one_process_whose_spans_cross_parts(

@@ -1,0 +1,5 @@
+"""``python -m aprof._merge``: a worker process of ``aprof merge`` (``parallel.py``)."""
+
+from aprof._merge.parallel import serve
+
+serve()
