@@ -36,6 +36,7 @@ from aprof._errors import (
     AprofError,
     CaptureError,
     ConfigError,
+    ExportError,
     FileTooLargeError,
     ManifestError,
     NotRegularFileError,
@@ -58,7 +59,7 @@ from aprof.abc import CaptureTarget, CaptureTool, ManagedTarget, RolloutProfiler
 
 if TYPE_CHECKING:
     from aprof import ray, verl
-    from aprof._merge import MergedStep, merge
+    from aprof._merge import MergedStep, hta_trace_files, merge
     from aprof._report import RunReport, report
 
 __version__ = "0.1.0"
@@ -66,6 +67,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "MergedStep": "aprof._merge",
     "merge": "aprof._merge",
+    "hta_trace_files": "aprof._merge",
     "RunReport": "aprof._report",
     "report": "aprof._report",
 }
@@ -86,6 +88,7 @@ __all__ = [
     "CaptureTool",
     "ConfigError",
     "CountSource",
+    "ExportError",
     "FileTooLargeError",
     "LimitsConfig",
     "LocalWorker",
@@ -123,6 +126,7 @@ __all__ = [
     "__version__",
     "configure_logging",
     "describe",
+    "hta_trace_files",
     "load_config",
     "load_manifest",
     "merge",

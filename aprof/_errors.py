@@ -47,6 +47,10 @@ class StepError(AprofError, ValueError):
     """A global step number that is not an integer >= 1."""
 
 
+class ExportError(AprofError, ValueError):
+    """A step, role or stage whose traces cannot be exported as asked (``aprof export hta``)."""
+
+
 class TargetError(AprofError, ValueError):
     """A capture target or worker group that breaks aprof's rules (a name given twice, a
     replica or rank that is not an index, an unknown kind, a group without workers)."""

@@ -1,19 +1,29 @@
-"""``aprof export otlp SAVE_PATH --endpoint URL``: a run's own spans to an OpenTelemetry backend.
+"""``aprof export``: a run's data for other tools.
 
-Send the run's steps, requests, turns, tool calls, stages and capture windows, read back from
-its timelines, as OTLP spans over HTTP (protobuf) to URL (a base URL such as
-http://127.0.0.1:4318, or one ending in /v1/traces), with the OpenTelemetry SDK's exporter:
-each step one trace, its requests with the span ids their trace context carried, so the
-servers' own spans join them (Jaeger, Tempo, a collector). Needs `pip install 'aprof[otel]'`.
-Exits 1 with one line when SAVE_PATH holds no run or the endpoint does not take the spans.
+``aprof export otlp SAVE_PATH --endpoint URL``: send the run's steps, requests, turns, tool
+calls, stages and capture windows, read back from its timelines, as OTLP spans over HTTP
+(protobuf) to URL (a base URL such as http://127.0.0.1:4318, or one ending in /v1/traces),
+with the OpenTelemetry SDK's exporter: each step one trace, its requests with the span ids
+their trace context carried, so the servers' own spans join them (Jaeger, Tempo, a
+collector). Needs `pip install 'aprof[otel]'`.
+
+``aprof export hta SAVE_PATH --step N --role ROLE [--stage S] [--out DIR]``: a folder Holistic
+Trace Analysis reads as it is (``TraceAnalysis(trace_dir=DIR)``): one torch trace per rank of
+ROLE in step N, linked (or copied), each naming its rank, nothing else in it (default
+SAVE_PATH/hta/step_<n>/<role>).
+
+Exits 1 with one line when SAVE_PATH holds no run, the endpoint does not take the spans, or
+the step, role or stage has no trace to export.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from aprof import ManifestError, StepSelection
+from aprof._merge import export_hta
 from aprof._otel import export_run
 
 
@@ -27,10 +37,18 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     otlp.add_argument(
         "--timeout", type=float, default=10.0, metavar="S", help="per batch (default 10 s)"
     )
+    hta = kinds.add_parser("hta", help="a step's rank traces as Holistic Trace Analysis reads them")
+    hta.add_argument("save_path", metavar="SAVE_PATH", help="a profiled run's save_path")
+    hta.add_argument("--step", type=int, required=True, metavar="N", help="the step")
+    hta.add_argument("--role", required=True, help="the role whose ranks' traces go")
+    hta.add_argument("--stage", help="the stage, where the role captured stage by stage")
+    hta.add_argument("--out", type=Path, metavar="DIR", help="the folder (default below SAVE_PATH)")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Export, print how many spans went; 0, or 1 with one line on bad input."""
+    """Export, print what went where; 0, or 1 with one line on bad input."""
+    if args.kind == "hta":
+        return _hta(args)
     try:
         steps = None if args.steps is None else StepSelection.parse(args.steps, key="--steps")
         sent, problems = export_run(
@@ -42,4 +60,16 @@ def run(args: argparse.Namespace) -> int:
     print(f"{sent} spans sent to {args.endpoint}")
     for problem in problems:
         print(f"  not sent: {problem}")
+    return 0
+
+
+def _hta(args: argparse.Namespace) -> int:
+    try:
+        folder, traces = export_hta(
+            args.save_path, args.step, args.role, out=args.out, stage=args.stage
+        )
+    except (ValueError, OSError) as exc:
+        print(f"aprof export: {exc}".replace("\n", "\\n"), file=sys.stderr)
+        return 1
+    print(f"{folder}: {len(traces)} ranks ({', '.join(map(str, traces))}) for HTA's trace_dir")
     return 0

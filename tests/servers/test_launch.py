@@ -253,7 +253,7 @@ def test_vllm_ascend_old_tags_read_the_directory_variable(traces: Path) -> None:
     assert any("not configurable" in note for note in spec.notes)
 
 
-@pytest.mark.parametrize("version", ["0.18.0", "0.32.0"])
+@pytest.mark.parametrize("version", ["0.18.0", "0.32.0", "0.34.0"])
 def test_vllm_ascend_bounds_at_launch_in_every_era(traces: Path, version: str) -> None:
     contents = ["npu", "cpu", "module", "memory", "shapes"]
     cfg = _cfg(global_profiler={"tool": "npu"}, tool_config={"npu": {"contents": contents}})

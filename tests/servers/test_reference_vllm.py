@@ -263,10 +263,14 @@ async def test_forward_counter_in_metrics(
         assert 'vllm:iteration_tokens_total_sum{engine="0",model_name="reference"} 9.0' in text
 
 
+@pytest.mark.parametrize("version", ["0.33.0", "0.34.0"])
 async def test_033_profiler_kwargs_reach_torch_and_a_bad_one_records_nothing(
-    reference_server: ReferenceFactory, http: aiohttp.ClientSession, complete: Complete
+    reference_server: ReferenceFactory,
+    http: aiohttp.ClientSession,
+    complete: Complete,
+    version: str,
 ) -> None:
-    async with asyncio.timeout(60), reference_server(vllm_version="0.33.0") as server:
+    async with asyncio.timeout(60), reference_server(vllm_version=version) as server:
         assert server.profiler_dir is not None
         body = {"profile_prefix": "good", "profiler_kwargs": {"record_shapes": True}}
         assert await post(http, server, "/start_profile", body) == (200, "")

@@ -162,7 +162,9 @@ async def test_launch_window_that_differs_from_the_window_fails_it(
     assert "delay_iterations=0, max_iterations=8" in record.error
 
 
-@pytest.mark.parametrize(("version", "enforces"), [("0.14.1", False), ("0.32.0", True)])
+@pytest.mark.parametrize(
+    ("version", "enforces"), [("0.14.1", False), ("0.32.0", True), ("0.34.0", True)]
+)
 async def test_version_is_read_from_the_server_when_not_given(
     reference_server: ReferenceFactory, version: str, enforces: bool, logs: list[Any]
 ) -> None:
@@ -189,6 +191,10 @@ async def test_version_is_read_from_the_server_when_not_given(
         ),
         (
             "0.32.0",
+            "--profiler-config.profiler=torch --profiler-config.torch_profiler_dir=/srv/traces",
+        ),
+        (  # 0.34 changed no part of the profiling protocol (docs/servers.md)
+            "0.34.0",
             "--profiler-config.profiler=torch --profiler-config.torch_profiler_dir=/srv/traces",
         ),
     ],
