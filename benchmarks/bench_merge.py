@@ -1,6 +1,6 @@
 """What ``aprof merge`` and ``aprof report`` cost at real GPU trace sizes: throughput and peak
-memory for steps of 100 MB and 1 GB of JSON (and 5 GB with ``--sizes 100,1000,5000``), today's
-reader side by side with the whole-file one it replaced.
+memory for steps of 100 MB, 1 GB and 5 GB of JSON in five traces, and of one 3 GB trace
+(``--sizes``), today's reader side by side with the whole-file one it replaced.
 
 Each size is a real run folder (an ``aprof.Profiler`` with ``--files`` trainer-rank role
 targets, one profiled step) whose capture files are then replaced by synthetic Kineto-shaped
@@ -191,7 +191,11 @@ def unpack(revision: str, into: Path) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="100,1000", help="step sizes in MB of JSON")
+    parser.add_argument(
+        "--sizes",
+        default="100,1000,3000x1,5000",
+        help="steps: MB of JSON in all, each in --files traces or in the count after an x",
+    )
     parser.add_argument("--files", type=int, default=5, help="trace files per step")
     parser.add_argument("--before", default=BEFORE, help="the whole-file reader's revision")
     parser.add_argument(
@@ -215,9 +219,10 @@ def main() -> None:
             "streaming": measure(None, "-")[1],
             "whole file": measure(before, "-")[1],
         }
-        for mb in (int(s) for s in args.sizes.split(",")):
-            root = Path(tmp) / f"run-{mb}"
-            sizes = step_of(root, mb, args.files)
+        for size in args.sizes.split(","):
+            mb, _, files = size.partition("x")
+            root = Path(tmp) / f"run-{size}"
+            sizes = step_of(root, int(mb), int(files or args.files))
             total, largest = sum(sizes) / 1e6, max(sizes) / 1e6
             for what in ("merge", "report"):
                 for reader, code in (("whole file", before), ("streaming", None)):

@@ -34,9 +34,10 @@ from aprof._merge.placing import Input, Placed, Scope, place
 from aprof._safe_files import open_folder, replace_file
 
 CHUNK: Final = 1 << 20
-WORTH_BYTES: Final = 4 << 20
-"""Captures of a step (on disk, gzip: about ten times as much JSON) below which one process
-merges them sooner than workers start (each takes about half a second to import aprof)."""
+WORTH_BYTES: Final = 16 << 20
+"""Captures of a step (on disk, gzip: ten to twenty times as much JSON) below which one
+process merges them sooner than workers start (each takes about half a second to import
+aprof; ``benchmarks/bench_merge.py``: slower with workers at 100 MB of JSON, faster at 1 GB)."""
 
 
 def available_cores() -> int:

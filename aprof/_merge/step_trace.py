@@ -138,7 +138,9 @@ def merge(
     size = parallel.WORTH_BYTES if jobs is None else 0  # asked for: used whatever the size
     count = parallel.available_cores() if jobs is None else jobs
     workers = (
-        parallel.Workers(count) if count > 1 and _worth_workers(manifest, chosen, size) else None
+        parallel.Workers(count)
+        if count > 1 and _worth_workers(root, manifest, chosen, size)
+        else None
     )
     try:
         return [_merge_step(root, manifest, n, where, collected, workers) for n in chosen]
@@ -211,17 +213,20 @@ def _inputs(manifest: Manifest, step: int) -> list[Input]:
     ]
 
 
-def _worth_workers(manifest: Manifest, steps: list[int], size: int) -> bool:
+def _worth_workers(root: Path, manifest: Manifest, steps: list[int], size: int) -> bool:
     """Whether one of ``steps`` holds captures enough for worker processes: two Chrome
-    traces or more, ``size`` bytes on disk in all."""
+    traces or more, ``size`` bytes on disk in all (as they are now: no link followed)."""
     for n in steps:
-        sizes = [
-            f.bytes
-            for w in manifest.windows
-            if w.step == n
-            for f in w.files
-            if is_trace_json(f.path)
-        ]
+        sizes = []
+        for window in manifest.windows:
+            if window.step != n:
+                continue
+            for entry in window.files:
+                if is_trace_json(entry.path):
+                    try:
+                        sizes.append(os.lstat(root / entry.path).st_size)
+                    except OSError:
+                        continue  # missing: a note later says so
         if len(sizes) > 1 and sum(sizes) >= size:
             return True
     return False
