@@ -24,7 +24,8 @@ from typing import Any, Final
 
 from aprof._errors import ExportError
 from aprof._safe_files import open_folder, read_regular, replace_file
-from aprof._traces.files import is_trace_json, open_below
+from aprof._traces.files import is_trace_json, open_below, unreadable
+from aprof._traces.stream import blocks, json_chunks
 
 CAPTURES_FILE: Final = "captures.json"
 MAX_CAPTURES_BYTES: Final = 16 << 20
@@ -33,7 +34,6 @@ _HTA_RANK = re.compile(rb'"rank":\s+(\d+)')
 """How HTA reads a trace's rank (``hta/common/trace_file.py``)."""
 _HEAD_BYTES: Final = 1 << 20
 """How much of a trace's JSON is searched for its rank (torch writes it before the events)."""
-_CHUNK: Final = 1 << 20
 
 
 def hta_trace_files(
@@ -93,7 +93,11 @@ def export_hta(
         _clear(folder, Path(where[0], *where[1]))
         for rank, source in traces.items():
             name = f"rank_{rank}{_suffix(source.name)}"
-            _place(root, source.relative_to(root).as_posix(), rank, folder, name)
+            path = source.relative_to(root).as_posix()
+            try:
+                _place(root, path, rank, folder, name)
+            except (EOFError, zlib.error) as exc:  # read while copied: cut short or corrupt
+                raise ExportError(f"{path}: {unreadable(exc)}") from None
             made[rank] = Path(where[0], *where[1], name)
     finally:
         os.close(folder)
@@ -164,7 +168,7 @@ def _place(root: Path, path: str, rank: int, folder: int, name: str) -> None:
                     raise
             finally:
                 os.close(source)
-            replace_file(folder, name, _blocks(fd))
+            replace_file(folder, name, blocks(fd))
         else:
             replace_file(folder, name, _with_rank(fd, path.endswith(".gz"), rank))
     finally:
@@ -181,21 +185,12 @@ def _names_rank(fd: int, gz: bool) -> int | None:
     return None if found is None else int(found.group(1))
 
 
-def _blocks(fd: int) -> Iterator[bytes]:
-    offset = 0
-    while block := os.pread(fd, _CHUNK, offset):
-        offset += len(block)
-        yield block
-
-
 def _with_rank(fd: int, gz: bool, rank: int) -> Iterator[bytes]:
     """The trace with ``"distributedInfo": {"rank": <rank>}`` first in its object (compressed
     again as it came), so HTA reads its rank."""
-    inflate = zlib.decompressobj(wbits=31) if gz else None
     deflate = zlib.compressobj(1, zlib.DEFLATED, 31) if gz else None
     head: bytes | None = b""  # the text until the object's first key is seen
-    for block in _blocks(fd):
-        text = block if inflate is None else inflate.decompress(block)
+    for text in json_chunks(fd, gz):
         if head is not None:
             head += text
             opened = re.match(rb"\s*\{\s*(.)", head, re.S)

@@ -32,8 +32,8 @@ from aprof._merge.flows import ForwardStep, Links
 from aprof._merge.gzip_stream import PartWriter
 from aprof._merge.placing import Input, Placed, Scope, place
 from aprof._safe_files import open_folder, replace_file
+from aprof._traces.stream import blocks
 
-CHUNK: Final = 1 << 20
 WORTH_BYTES: Final = 16 << 20
 """Captures of a step (on disk, gzip: ten to twenty times as much JSON) below which one
 process merges them sooner than workers start (each takes about half a second to import
@@ -180,8 +180,7 @@ def read_part(where: tuple[str, list[str]], step: int, item: Input) -> Iterator[
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
         try:
-            while block := os.read(fd, CHUNK):
-                yield block
+            yield from blocks(fd)
         finally:
             os.close(fd)
     finally:

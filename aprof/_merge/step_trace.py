@@ -13,11 +13,13 @@ Every input is Chrome trace JSON, each with its own clock:
 All are placed by wall clock, so files from other hosts line up as far as their clocks agree.
 Each input's processes get pids of their own in the merged file, named for the target first
 (``replica_0 · vLLM worker``, ``actor · rank 0``, ``driver``). An input that is missing,
-unreadable, truncated, too large, on no known clock or without one event that can be placed
-(a timeline: none of the step) is left out and named in a note, with why; the rest is merged:
-every input is either merged or named. Memory holds one input at a time; the merged file is
-written as it goes, atomically. Where a replica's trace names the requests of its forward
-steps, flow arrows link each request span to them (``flows.py``).
+unreadable, on no known clock or without one event that can be placed (a timeline: none of
+the step) is left out and named in a note, with why; one cut short is merged up to the cut,
+with a note; the rest is merged: every input is either merged or named. Each input is read
+event by event (``placing.py``), a step's captures by worker processes where it pays
+(``parallel.py``); the merged file is written as it goes, atomically. Where a replica's trace
+names the requests of its forward steps, flow arrows link each request span to them
+(``flows.py``).
 """
 
 from __future__ import annotations
@@ -49,9 +51,6 @@ from aprof._traces.files import (
 
 FOLDER = "merged"
 """Where the merged traces go, below ``save_path`` unless told otherwise."""
-_CHUNK = 1 << 20
-_FLOW_PHASES = ("s", "t", "f")  # a tuple: a phase may be any JSON value, a list too
-_DROPPED_METADATA = {"process_name", "process_labels", "process_sort_index"}
 
 
 @dataclass(frozen=True)

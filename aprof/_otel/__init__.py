@@ -4,7 +4,7 @@
   trace id of the run names;
 - ``receiver.py``: :class:`OtelReceiver`, the run's OTLP/HTTP receiver, filing spans by step
   below ``save_path/otel/``;
-- ``files.py``: the names of those files and :func:`read_step`, the one reader of a step's
+- ``files.py``: the names of those files, and the one reader of a step's spans
   (:func:`otel_folder`, :func:`read_step`);
 - ``served.py``: :func:`served`, each request's server span and its phases among a step's;
 - ``export.py``: :func:`export_run`, a run's own spans sent to an OTLP/HTTP endpoint

@@ -76,6 +76,9 @@ from aprof._report.requests import Requests, StepRequests, gated_waits
 from aprof._report.server import server_sides
 from aprof._traces.files import read_trace_below, unreadable
 
+MAX_INPUT_BYTES = 2 << 30
+"""The largest timeline part read whole (aprof writes its timeline in parts; a window's traces
+are read event by event, whatever their size)."""
 RUN_VALUES = 100_000
 """The most values the run-wide latency distributions keep for their percentiles."""
 
@@ -248,7 +251,7 @@ def _read_timelines(
 
 def _read_timeline(root: Path, entry: TimelineFile, requests: Requests) -> list[str]:
     try:  # passed on, not kept: one input in memory at a time
-        data = read_trace_below(root, entry.path, traces.MAX_INPUT_BYTES)
+        data = read_trace_below(root, entry.path, MAX_INPUT_BYTES)
         requests.add_file(data, entry.process)
     except Exception as exc:  # a damaged timeline costs its own spans only
         return [f"{entry.path}: timeline unreadable: {unreadable(exc)}"]
@@ -265,7 +268,7 @@ def _read_writes(
     for found in writes:
         entry = entries[found.path]
         try:
-            requests.add_file(read_writes(str(root), found, traces.MAX_INPUT_BYTES), entry.process)
+            requests.add_file(read_writes(str(root), found, MAX_INPUT_BYTES), entry.process)
         except Exception:  # the part changed since: its own JSON says what it holds
             problems += _read_timeline(root, entry, requests)
     return problems

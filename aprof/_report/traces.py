@@ -21,8 +21,6 @@ from aprof._traces.files import is_trace_json, unreadable, without_merged_copy
 from aprof._traces.iterations import Dialect, iteration_dialect
 from aprof._traces.stream import open_trace_below
 
-MAX_INPUT_BYTES = 2 << 30
-"""The largest timeline part read whole (aprof writes its timeline in parts)."""
 _T = TypeVar("_T")
 
 

@@ -63,7 +63,7 @@ class TraceStream:
         ``gz``."""
         self._fd = fd
         self._gz = gz
-        self._chunks = _json_chunks(fd, gz)
+        self._chunks = json_chunks(fd, gz)
         self._buf = b""
         self._pos = 0
         self._eof = False
@@ -317,7 +317,7 @@ def _last_end(buf: bytes, start: int, stop: int) -> int | None:
     return found
 
 
-def _blocks(fd: int, offset: int = 0) -> Iterator[bytes]:
+def blocks(fd: int, offset: int = 0) -> Iterator[bytes]:
     """The file's bytes from ``offset``, ``CHUNK`` at a time (by position: two readers of one
     descriptor do not meet)."""
     while block := os.pread(fd, CHUNK, offset):
@@ -325,15 +325,15 @@ def _blocks(fd: int, offset: int = 0) -> Iterator[bytes]:
         yield block
 
 
-def _json_chunks(fd: int, gz: bool) -> Iterator[bytes]:
+def json_chunks(fd: int, gz: bool) -> Iterator[bytes]:
     """The file's JSON, ``CHUNK`` bytes at a time at most; raises ``EOFError`` for a gzip
     stream cut short and ``zlib.error`` for a corrupt one."""
     if not gz:
-        yield from _blocks(fd)
+        yield from blocks(fd)
         return
     inflate = zlib.decompressobj(wbits=31)
     started = False
-    for block in _blocks(fd):
+    for block in blocks(fd):
         data = block
         while data:
             started = True
@@ -362,7 +362,7 @@ def _tail(fd: int, gz: bool) -> bytes:
         return os.pread(fd, TAIL_BYTES, max(0, size - TAIL_BYTES))
     tail = b""
     try:
-        for chunk in _json_chunks(fd, gz):
+        for chunk in json_chunks(fd, gz):
             tail = (tail + chunk)[-TAIL_BYTES:]
     except (EOFError, zlib.error):
         pass  # what came before the damage
