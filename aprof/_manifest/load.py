@@ -69,7 +69,9 @@ def load_step(path: str | os.PathLike[str], step: int, run_id: str) -> list[Wind
     except ManifestError:
         if not os.path.lexists(file):
             return []
-        raise
+        # It may have been renamed into place (whole) between the read and the look: once
+        # there it stays there, so a second read tells a file just written from a bad one.
+        data = _read(file, STEP_SCHEMA)
     found = _validate(StepFile, data, file)
     return found.windows if found.run_id == run_id else []
 

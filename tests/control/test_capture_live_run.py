@@ -17,6 +17,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -145,3 +146,35 @@ async def test_capture_adds_steps_to_a_live_run_from_other_processes(tmp_path: P
     assert outside.read_text() == json.dumps({"id": "linked", "next": 1})  # not followed
     status = ControlFolder(save_path).status()
     assert status is not None and status.state == "ended" and status.last_step == STEPS
+
+
+async def test_a_step_file_renamed_into_place_while_it_is_looked_for_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race behind a once-failed ``aprof capture --wait``: a step file missing when read
+    and there when looked for just after (the run renamed it into place between) is read
+    again, not called unreadable."""
+    from aprof import _manifest
+    from aprof._manifest import load
+    from aprof.testing import RecordingTarget
+
+    cfg = {
+        "global_profiler": {"steps": [1], "save_path": str(tmp_path)},
+        "log": {"level": "warning"},
+    }
+    async with aprof.Profiler(cfg) as prof:
+        prof.add_target(RecordingTarget("replica_0", replica=0))
+        async with prof.step(1):
+            pass
+    real = load.read_regular
+    missed: list[str] = []
+
+    def not_yet(path: Any, limit: int, **kwargs: Any) -> bytes:
+        if str(path).endswith("step_1.json") and not missed:
+            missed.append(str(path))
+            raise FileNotFoundError(2, "No such file or directory")
+        return real(path, limit, **kwargs)
+
+    monkeypatch.setattr(load, "read_regular", not_yet)
+    windows = _manifest.load_step(tmp_path, 1, prof.manifest.run_id)
+    assert missed and [(w.step, w.target) for w in windows] == [(1, "replica_0")]
