@@ -1,16 +1,19 @@
-"""The captures of one step placed by worker processes, when more than one core is free: each
-worker places one input at a time (``placing.place``) into a part file of the output folder,
-compressed as a part of the merged file's gzip stream (``gzip_stream.py``), which the merging
-process then lays into the merged file as it is, in the inputs' order, and removes. Numbers
-an input gets depend on its place alone (``placing.py``): the merged file holds the same text
-as one process makes.
+"""The captures of one step placed by worker processes beside the merging process, when more
+than one core is free. The merging process takes the step's captures from the front, in the
+merged file's order, and writes each into the merged file as it places it; each worker, once
+started, takes them from the back (:class:`Shares`), placing one at a time (``placing.place``)
+into a part file of the output folder, compressed as a part of the merged file's gzip stream
+(``gzip_stream.py``), which the merging process lays into the merged file as it is when it
+reaches it, and removes. So a worker that starts late, or never, costs no waiting: the merging
+process has placed what the worker did not take. Numbers an input gets depend on its place
+alone (``placing.py``): the merged file holds the same text whoever placed what.
 
-A worker is a ``python -m aprof._merge`` process that reads one task per line on its standard
-input and answers each with a line on its standard output; :class:`Workers` keeps up to
-``jobs`` of them, one per thread that waits on it. Not ``multiprocessing``: its workers would
-run the caller's main module again when it has no ``if __name__ == "__main__"`` guard. A
-worker that fails, or dies, costs nothing but time: the merging process places that input
-itself.
+A worker is a ``python -m aprof._merge`` process that says it is ready with a line on its
+standard output, then reads one task per line on its standard input and answers each with a
+line; :class:`Workers` starts them at once and, for each step, serves each from a thread of
+its own. Not ``multiprocessing``: its workers would run the caller's main module again when
+it has no ``if __name__ == "__main__"`` guard. A worker that fails, or dies, costs nothing but
+time: the merging process places that input itself.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -34,10 +38,14 @@ from aprof._merge.placing import Input, Placed, Scope, place
 from aprof._safe_files import open_folder, replace_file
 from aprof._traces.stream import blocks
 
-WORTH_BYTES: Final = 16 << 20
-"""Captures of a step (on disk, gzip: ten to twenty times as much JSON) below which one
-process merges them sooner than workers start (each takes about half a second to import
-aprof; ``benchmarks/bench_merge.py``: slower with workers at 100 MB of JSON, faster at 1 GB)."""
+WORTH_BYTES: Final = 4 << 20
+"""Captures of a step (on disk, gzip: ten to twenty times as much JSON) below which no worker
+is started: the merging process is done before one would be ready (each takes about half a
+second to import aprof)."""
+READY: Final = "ready"
+"""A worker's first line: it has imported what it needs and takes tasks."""
+_EXIT_S: Final = 30.0
+"""How long a worker told to end may take (it ends its task first) before it is killed."""
 
 
 def available_cores() -> int:
@@ -57,64 +65,123 @@ class Part(NamedTuple):
     size: int
 
 
-class Workers:
-    """Up to ``jobs`` worker processes, started as they are needed, stopped by :meth:`close`."""
+class Shares:
+    """A step's captures not yet placed: the merging process takes them from the front, in
+    order, the workers from the back."""
 
-    def __init__(self, jobs: int) -> None:
-        self._threads = ThreadPoolExecutor(jobs, thread_name_prefix="aprof-merge")
-        self._mine = threading.local()
-        self._started: list[subprocess.Popen[str]] = []
+    def __init__(self, items: list[Input]) -> None:
+        self._left = deque(items)
+        self._taken: dict[int, Future[Part]] = {}
         self._lock = threading.Lock()
 
-    def submit(
-        self, where: tuple[str, list[str]], root: Path, step: int, item: Input, base_ns: int
-    ) -> Future[Part]:
-        """Place ``item`` in a worker process, into its part file below ``where``."""
-        task = {
-            "where": where,
-            "root": str(root),
-            "step": step,
-            "item": dataclasses.asdict(item),
-            "base_ns": base_ns,
-        }
-        return self._threads.submit(self._run, json.dumps(task))
+    def take(self, item: Input) -> Future[Part] | None:
+        """For the merging process: ``None`` when it places ``item`` itself (nobody else
+        took it, or it is not a share), else what the worker that took it will give."""
+        with self._lock:
+            if item.number in self._taken:
+                return self._taken.pop(item.number)
+            if self._left and self._left[0] is item:
+                self._left.popleft()
+            return None
+
+    def take_last(self) -> tuple[Input, Future[Part]] | None:
+        """For a worker: the last capture nobody took, and where its result goes."""
+        with self._lock:
+            if not self._left:
+                return None
+            item = self._left.pop()
+            future = self._taken[item.number] = Future()
+            return item, future
+
+    def close(self) -> dict[int, Future[Part]]:
+        """Give out nothing more; what workers took and the merging process did not."""
+        with self._lock:
+            self._left.clear()
+            left, self._taken = self._taken, {}
+            return left
+
+
+@dataclasses.dataclass
+class _Worker:
+    process: subprocess.Popen[str]
+    ready: bool = False
+
+
+class Workers:
+    """``count`` worker processes, started at once, stopped by :meth:`close`."""
+
+    def __init__(self, count: int) -> None:
+        self._workers: list[_Worker] = []
+        for _ in range(count):
+            try:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "aprof._merge"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+            except OSError:  # none started: the merging process places all
+                break
+            self._workers.append(_Worker(process))
+        self._threads = ThreadPoolExecutor(max(1, count), thread_name_prefix="aprof-merge")
+
+    def serve(
+        self, shares: Shares, where: tuple[str, list[str]], root: Path, step: int, base_ns: int
+    ) -> list[Future[None]]:
+        """Let each worker take ``shares`` from the back, once it is ready, into part files
+        below ``where``; done when no share is left."""
+        context = {"where": where, "root": str(root), "step": step, "base_ns": base_ns}
+        return [
+            self._threads.submit(self._serve, worker, shares, context) for worker in self._workers
+        ]
 
     def close(self) -> None:
-        """Stop taking tasks, let the workers end (each ends its task first), wait for them."""
+        """Let the workers end (each ends its task first) and wait for them, a bounded time."""
         self._threads.shutdown(wait=True, cancel_futures=True)
-        for worker in self._started:
+        for worker in self._workers:
             with contextlib.suppress(OSError):
-                _stdin(worker).close()
-            worker.wait()
+                _stdin(worker.process).close()
+        for worker in self._workers:
+            try:
+                worker.process.wait(_EXIT_S)
+            except subprocess.TimeoutExpired:
+                worker.process.kill()
+                worker.process.wait()
 
-    def _run(self, task: str) -> Part:
-        """On a thread of the pool: ``task`` by this thread's worker (started if need be)."""
-        worker: subprocess.Popen[str] | None = getattr(self._mine, "worker", None)
-        if worker is None or worker.poll() is not None:
-            worker = subprocess.Popen(
-                [sys.executable, "-m", "aprof._merge"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            self._mine.worker = worker
-            with self._lock:
-                self._started.append(worker)
-        _stdin(worker).write(task + "\n")
-        _stdin(worker).flush()
-        line = _stdout(worker).readline()
-        if not line:
-            raise RuntimeError(f"merge worker ended with {worker.wait()}")
-        return _part(json.loads(line))
+    @staticmethod
+    def _serve(worker: _Worker, shares: Shares, context: dict[str, Any]) -> None:
+        """On a thread of the pool: ``worker`` places shares until none is left, or it dies."""
+        process = worker.process
+        if not worker.ready:
+            worker.ready = _stdout(process).readline().strip() == READY
+            if not worker.ready:
+                return
+        while (taken := shares.take_last()) is not None:
+            item, future = taken
+            try:
+                task = {**context, "item": dataclasses.asdict(item)}
+                _stdin(process).write(json.dumps(task) + "\n")
+                _stdin(process).flush()
+                line = _stdout(process).readline()
+                if not line:
+                    raise RuntimeError(f"merge worker ended with {process.wait()}")
+                future.set_result(_part(json.loads(line)))
+            except Exception as exc:  # the merging process places it instead
+                future.set_exception(exc)
+                if process.poll() is not None or isinstance(exc, OSError):
+                    worker.ready = False  # gone: it takes nothing more
+                    return
 
 
 def serve() -> None:
-    """A worker: place each input its standard input names, answering each on its standard
-    output (which nothing else writes to: print and logs go to standard error), until its
-    standard input ends."""
+    """A worker: say it is ready, then place each input its standard input names, answering
+    each on its standard output (which nothing else writes to: print and logs go to standard
+    error), until its standard input ends."""
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     sys.stdout = sys.stderr
+    answers.write(READY + "\n")
+    answers.flush()
     for line in sys.stdin:
         task = json.loads(line)
         try:

@@ -192,7 +192,8 @@ class _Placer:
         pids, pid_base = self.scope.pids, self.item.scope * PIDS_PER_SCOPE
         flow_base, tag = self.item.number * FLOWS_PER_INPUT, self.item.scope
         offset_us = self.offset_ns / 1000
-        placed = []
+        placed: list[dict[str, Any]] = []
+        floor, keep = math.floor, placed.append  # looked up once: this loop runs per event
         for event in events:
             ts = event.get("ts")
             if event.get("ph") == "M" and event.get("name") in _DROPPED_METADATA:
@@ -216,22 +217,27 @@ class _Placer:
                 event["pid"] = pid
             if ts is not None:
                 # To the nanosecond, as round(x, 3) (which costs five times as much).
-                event["ts"] = math.floor((ts + offset_us) * 1000.0 + 0.5) / 1000.0
-            for key in ("id", "bind_id"):  # flow and async ids are global: keep each input's apart
-                if key not in event:
-                    continue
-                if key == "bind_id" or event.get("ph") in _FLOW_PHASES:
-                    # Perfetto reads a flow id as a number (a string as hex): renumber, not tag.
-                    flow_id = str(event[key])
-                    number = self._flows.get(flow_id)
-                    if number is None:
-                        number = self._flows[flow_id] = flow_base + len(self._flows) + 1
-                    event[key] = number
-                else:
-                    event[key] = f"{tag}:{event[key]}"
-            placed.append(event)
+                event["ts"] = floor((ts + offset_us) * 1000.0 + 0.5) / 1000.0
+            if "id" in event or "bind_id" in event:
+                self._own_ids(event, flow_base, tag)
+            keep(event)
         self.placed += len(placed)
         return placed
+
+    def _own_ids(self, event: dict[str, Any], flow_base: int, tag: int) -> None:
+        """Flow and async ids are global: keep each input's apart."""
+        for key in ("id", "bind_id"):
+            if key not in event:
+                continue
+            if key == "bind_id" or event.get("ph") in _FLOW_PHASES:
+                # Perfetto reads a flow id as a number (a string as hex): renumber, not tag.
+                flow_id = str(event[key])
+                number = self._flows.get(flow_id)
+                if number is None:
+                    number = self._flows[flow_id] = flow_base + len(self._flows) + 1
+                event[key] = number
+            else:
+                event[key] = f"{tag}:{event[key]}"
 
     def finish(self) -> list[dict[str, Any]]:
         """The names and places of the input's processes, once its events are all placed."""

@@ -28,7 +28,7 @@ import json
 import os
 import re
 from collections.abc import Generator, Iterable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -107,9 +107,9 @@ def merge(
     ``<out>/step_<n>.trace.json.gz`` (``out`` defaults to ``save_path/merged``). The servers'
     own spans of its requests come from the run's receiver (``save_path/otel/``) and from
     ``otel``, a folder of files an OpenTelemetry collector's file exporter wrote (OTLP JSON,
-    one export per line). ``jobs`` worker processes read a step's captures at once (default:
-    the cores available, for steps whose captures are large enough to pay for their start;
-    1: none), the merged file the same whatever their number.
+    one export per line). ``jobs`` processes, this one and workers, read a step's captures
+    at once (default: the cores available, for steps whose captures are large enough to pay
+    for a worker's start; 1: no worker), the merged file the same whatever their number.
 
     Raises ``ManifestError`` when ``save_path`` holds no readable manifest and ``ValueError``
     for a step the run did not profile; an input that cannot be merged is a note instead.
@@ -135,10 +135,10 @@ def merge(
     if jobs is not None and jobs < 1:
         raise ValueError(f"jobs must be 1 or more, got {jobs}")
     size = parallel.WORTH_BYTES if jobs is None else 0  # asked for: used whatever the size
-    count = parallel.available_cores() if jobs is None else jobs
+    count = (parallel.available_cores() if jobs is None else jobs) - 1  # this one places too
     workers = (
         parallel.Workers(count)
-        if count > 1 and _worth_workers(root, manifest, chosen, size)
+        if count > 0 and _worth_workers(root, manifest, chosen, size)
         else None
     )
     try:
@@ -252,21 +252,20 @@ def _document(
     output: _Output,
     pool: tuple[tuple[str, list[str]], parallel.Workers | None],
 ) -> Iterator[bytes | Deflated]:
-    """The merged trace's JSON text, piece by piece: the inputs in their order, the captures
-    placed by the worker processes while the timelines are placed here, if there are any."""
+    """The merged trace's JSON text, piece by piece: the inputs in their order, each placed
+    here or, where there are workers, by the worker that took it (``parallel.Shares``)."""
     where, workers = pool
     yield b'{"displayTimeUnit":"ms","baseTimeNanoseconds":%d,"traceEvents":[' % output.base_ns
     traces = [item for item in inputs if is_trace_json(item.path)]
     output.others += [item.path for item in inputs if not is_trace_json(item.path)]
-    futures: dict[int, Future[parallel.Part]] = {}
-    if workers is not None:
-        for item in traces:
-            if item.timeline_process is None:
-                futures[item.number] = workers.submit(where, root, step, item, output.base_ns)
+    shares = parallel.Shares(
+        [item for item in traces if item.timeline_process is None] if workers else []
+    )
+    serving = [] if workers is None else workers.serve(shares, where, root, step, output.base_ns)
     first = True
     try:
         for item in traces:
-            part = _by_worker(futures.pop(item.number, None), where, step, item)
+            part = _by_worker(shares.take(item), where, step, item)
             if part is not None:
                 if part.size:
                     if not first:
@@ -282,10 +281,10 @@ def _document(
             output.take(item, placed)
     finally:
         by_number = {item.number: item for item in traces}
-        for number, future in futures.items():  # the step was left early: nothing left behind
-            if not future.cancel():
-                _by_worker(future, where, step, by_number[number])  # let it end: it writes
+        for number, future in shares.close().items():  # left early: nothing left behind
+            _by_worker(future, where, step, by_number[number])  # let it end: it writes
             parallel.remove_part(where, step, by_number[number])
+        wait(serving)
     _see_otel(root, step, output)
     first_flow = len(inputs) * FLOWS_PER_INPUT + 1  # above every input's flow ids
     for text, count in texts(list(output.links.events(output.notes, first_flow))):

@@ -6,10 +6,10 @@ SAVE_PATH/merged/step_<n>.trace.json.gz (or --out DIR), placed by wall clock, ea
 named by its target, and beside it the same files untouched in a Perfetto trace archive
 (step_<n>.perfetto.tar, with a perfetto_manifest.json placing each on the driver's timeline).
 Open either in https://ui.perfetto.dev (the merged trace also in chrome://tracing). Each input
-is read event by event, whatever its size; --jobs worker processes read a step's captures at
-once. An input that cannot be merged (missing, not JSON, on no known clock) is named in a note
-and left out; one cut short is merged up to the cut, with a note. Exits 1 with one line when
-SAVE_PATH holds no run or a step was not profiled.
+is read event by event, whatever its size; --jobs processes (this one and workers) read a
+step's captures at once. An input that cannot be merged (missing, not JSON, on no known
+clock) is named in a note and left out; one cut short is merged up to the cut, with a note.
+Exits 1 with one line when SAVE_PATH holds no run or a step was not profiled.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ def arguments(parser: argparse.ArgumentParser) -> None:
         "--jobs",
         type=int,
         metavar="N",
-        help="worker processes reading a step's captures at once (default: the cores "
-        "available, for large steps; 1: none)",
+        help="processes reading a step's captures at once, this one and workers (default: "
+        "the cores available, for large steps; 1: no worker)",
     )
 
 

@@ -223,10 +223,11 @@ def test_any_json_in_an_input_leaves_a_valid_merged_trace(
 def test_worker_processes_merge_the_same_file_and_leave_nothing_behind(
     demo: Path, tmp_path: Path
 ) -> None:
-    """``jobs=2`` (captures placed by two worker processes, their parts laid into the gzip
-    stream as they are) and ``jobs=1`` give the same merged text, byte for byte; a worker that
-    cannot write its part (a folder where the part file goes) costs nothing: that input is
-    placed by the merging process."""
+    """``jobs=2`` (this process and a worker process, which takes captures from the back and
+    whose parts are laid into the gzip stream as they are) and ``jobs=1`` give the same merged
+    text, byte for byte, whoever placed which capture; a worker that cannot write its part (a
+    folder where the part file goes) costs nothing: that input is placed by the merging
+    process (``test_parallel.py`` holds a worker to each share)."""
     alone = merge(demo, out=tmp_path / "one", jobs=1)
     out = tmp_path / "two"
     out.mkdir()
