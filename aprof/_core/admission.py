@@ -12,7 +12,8 @@ from collections.abc import Awaitable
 
 from aprof._config import ProfilerConfig
 from aprof._core.plan import Claim
-from aprof._core.targets import Targets
+from aprof._core.target_machine import TargetMachine
+from aprof._core.targets import Targets, rollout_replica
 from aprof._core.window import WindowRun
 from aprof._core.windows import Windows
 from aprof._manifest import StopReason
@@ -76,6 +77,21 @@ class Admission:
         self.gate.live = False
         self.gate.step = None
         return closed
+
+    def forget(self, machine: TargetMachine) -> list[WindowRun]:
+        """``machine``'s rollout target is removed: the open step opens no window of its
+        replica any more (one due and not opened is recorded as skipped); its window open
+        now, if any, which the step does not close any more."""
+        replica = rollout_replica(machine.target)
+        if replica is None:
+            return []
+        run = self.windows.pop(replica, None)
+        claim = self.replicas.pop(replica, None)
+        step = self.gate.step
+        if run is None and claim is not None and self.gate.live and step is not None:
+            why = f"target removed before a request reached replica {replica}"
+            self._windows.skip(machine, step, claim, why, reason="removed")
+        return [] if run is None else [run]
 
     def admit(self, req: Request) -> Awaitable[Request] | None:
         """Count ``req`` into its replica's window (``Request`` lets it go itself outside a

@@ -76,6 +76,13 @@ class BlockingProfiler:
         else:
             self._portal.call(self._profiler.add_target, target)
 
+    def remove_target(self, name: str) -> None:
+        """Unregister the capture target ``name``, as :meth:`aprof.Profiler.remove_target`."""
+        if self._portal is None or self._status != "open":
+            self._profiler.remove_target(name)
+        else:
+            self._portal.call(self._profiler.remove_target, name)
+
     def step(self, n: int) -> AbstractContextManager[int]:
         """``with prof.step(n):`` global step ``n``: opens and closes that step's windows."""
         return self._open_portal().wrap_async_context_manager(self._profiler.step(n))

@@ -74,6 +74,14 @@ class Plan:
         selected = n in self._steps or added is not None
         return (scope if selected else None), passed
 
+    def forget(self, name: str, replica: int | None) -> None:
+        """The target ``name`` (of ``replica``, a rollout target's) is removed: no step added
+        and not begun captures it any more."""
+        for scope in self._added.values():
+            scope.roles.pop(name, None)
+            if replica is not None:
+                scope.replicas.pop(replica, None)
+
     def continues(self, n: int, target: str) -> bool:
         """Step ``n`` (not begun) captures role target ``target``."""
         if n in self._steps and target in self._config_roles():

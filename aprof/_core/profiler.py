@@ -40,7 +40,7 @@ from aprof._core.serving import Serving
 from aprof._core.sharing import Report
 from aprof._core.steps import Steps
 from aprof._core.target_machine import TargetMachine
-from aprof._core.targets import Targets
+from aprof._core.targets import Targets, rollout_replica
 from aprof._core.window import Phase, WindowRun
 from aprof._core.windows import Windows, wait
 from aprof._errors import ConfigError, UsageError, describe
@@ -190,6 +190,21 @@ class Profiler(Recording):
         if self._status == "closed":
             raise UsageError("the profiler is closed")
         self._targets.add(target)
+
+    def remove_target(self, name: str) -> None:
+        """Unregister the capture target ``name``, at any time, inside a step too: its window
+        open now, if any, ends (``stop_reason: removed``; the stop is sent when its start
+        succeeded), and the target's resources are released once its stops are done. A
+        target added later, under that name or for that replica, is a new one: like any
+        target added during a step, it takes part from the next step. Raises
+        ``TargetError`` for a name no target has, ``UsageError`` once the profiler is
+        closed."""
+        if self._status == "closed":
+            raise UsageError("the profiler is closed")
+        machine = self._targets.remove(name)
+        self._plan.forget(name, rollout_replica(machine.target))
+        runs = self._steps.forget(name) + self._admission.forget(machine)
+        self._windows.retire(machine, runs)
 
     def step(self, n: int) -> _Step:
         """The context of global step ``n`` (1-based): opens and closes that step's windows.

@@ -180,6 +180,12 @@ class Steps:
         self._serving.changed()
         return rollouts, roles
 
+    def forget(self, name: str) -> list[WindowRun]:
+        """The role target ``name`` is removed: its window open now, if any, which no step
+        closes any more."""
+        run = self._roles.pop(name, None)
+        return [] if run is None else [run]
+
     def end_run(self) -> None:
         """The profiler closes: the open step ends, and every role window with it."""
         if self.current is not None:

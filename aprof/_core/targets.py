@@ -63,6 +63,18 @@ class Targets:
         if target.replica is not None and target.kind == "rollout":
             self.by_replica[target.replica] = machine
 
+    def remove(self, name: str) -> TargetMachine:
+        """Unregister the target named ``name``; its machine. Raises ``TargetError`` when no
+        target has that name."""
+        machine = self.by_name.pop(name, None)
+        if machine is None:
+            known = ", ".join(map(repr, self.by_name)) or "none"
+            raise TargetError(f"no target named {name!r} is registered (targets: {known})")
+        replica = rollout_replica(machine.target)
+        if replica is not None and self.by_replica.get(replica) is machine:
+            del self.by_replica[replica]
+        return machine
+
     def selected_roles(self) -> Iterator[TargetMachine]:
         """The role targets the config captures, in the order they were added."""
         for machine in self.by_name.values():
@@ -96,6 +108,11 @@ class Targets:
                 self._log.warning(
                     "target close failed", target=machine.target.name, error=repr(exc)
                 )
+
+
+def rollout_replica(target: CaptureTarget) -> int | None:
+    """The replica a rollout target serves; ``None`` for a role target."""
+    return target.replica if target.kind == "rollout" else None
 
 
 def role_of(target: CaptureTarget) -> str:

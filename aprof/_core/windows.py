@@ -68,9 +68,16 @@ class Windows:
         machine.open(run)
         return run
 
-    def skip(self, machine: TargetMachine, step: int, claim: Claim, why: str) -> None:
+    def skip(
+        self,
+        machine: TargetMachine,
+        step: int,
+        claim: Claim,
+        why: str,
+        reason: StopReason = "step_end",
+    ) -> None:
         """Record ``machine``'s window of ``step`` as skipped for ``why``; nothing starts."""
-        self._run(machine, step, claim).end(Phase.SKIPPED, reason="step_end", detail=why)
+        self._run(machine, step, claim).end(Phase.SKIPPED, reason=reason, detail=why)
         self.note(step, machine.target.name, why)
 
     def _run(self, machine: TargetMachine, step: int, claim: Claim) -> WindowRun:
@@ -107,7 +114,30 @@ class Windows:
 
     def close(self, run: WindowRun, reason: StopReason) -> asyncio.Task[None]:
         """Ask ``run`` to end for ``reason`` (once); returns the task that ends it."""
-        task = self._targets.by_name[run.window.target].close(run, reason)
+        return self._track(self._targets.by_name[run.window.target].close(run, reason))
+
+    def retire(self, machine: TargetMachine, runs: list[WindowRun]) -> None:
+        """``machine``'s target is removed: ``runs`` end (``removed``; a stop is sent only
+        for a window whose start succeeded), and the target's resources are released once
+        its windows' stops are done (bounded)."""
+        name = machine.target.name
+        ending = {self._track(machine.close(run, "removed")) for run in runs}
+        ending |= {
+            run.stop_task
+            for (_, target), run in self.live.items()
+            if target == name and run.stop_task is not None
+        }
+        if ending or machine.opened:
+            self._track(asyncio.get_running_loop().create_task(self._release(machine, ending)))
+
+    async def _release(self, machine: TargetMachine, ending: set[asyncio.Task[None]]) -> None:
+        await wait(ending, self.bound())
+        try:
+            await machine.aclose()
+        except Exception as exc:  # TimeoutError included; the run goes on
+            self._log.warning("target close failed", target=machine.target.name, error=repr(exc))
+
+    def _track(self, task: asyncio.Task[None]) -> asyncio.Task[None]:
         if task not in self.tasks:
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)

@@ -36,7 +36,7 @@ MOST_BYTES = 256 << 20
 STEP_FILE = re.compile(r"step_([1-9][0-9]{0,17})\.json")
 
 WindowState = Literal["running", "done", "failed", "timeout", "skipped"]
-StopReason = Literal["auto_stop", "step_end", "run_end", "error", "cancelled"]
+StopReason = Literal["auto_stop", "step_end", "run_end", "error", "cancelled", "removed"]
 EnforcedBy = Literal["server", "aprof", "none"]
 RequestedBy = Literal["config", "on_demand", "slow_step", "slow_rollout"]
 """Why a window exists: the config selected its step, a person asked (``aprof capture``,
