@@ -105,6 +105,8 @@ class Shares:
 class _Worker:
     process: subprocess.Popen[str]
     ready: bool = False
+    serving: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    """Held by the thread that reads its answers: one at a time, also across steps."""
 
 
 class Workers:
@@ -129,15 +131,17 @@ class Workers:
         self, shares: Shares, where: tuple[str, list[str]], root: Path, step: int, base_ns: int
     ) -> list[Future[None]]:
         """Let each worker take ``shares`` from the back, once it is ready, into part files
-        below ``where``; done when no share is left."""
+        below ``where``, until no share is left; the threads that serve them. The merging
+        process waits for what a worker took, never for a worker that took nothing (one
+        still starting, or hung): :meth:`close` bounds those."""
         context = {"where": where, "root": str(root), "step": step, "base_ns": base_ns}
         return [
             self._threads.submit(self._serve, worker, shares, context) for worker in self._workers
         ]
 
     def close(self) -> None:
-        """Let the workers end (each ends its task first) and wait for them, a bounded time."""
-        self._threads.shutdown(wait=True, cancel_futures=True)
+        """Let the workers end (each ends its task first) and wait for them, a bounded time:
+        one that has not ended by then is killed, which also ends a read of its answers."""
         for worker in self._workers:
             with contextlib.suppress(OSError):
                 _stdin(worker.process).close()
@@ -147,30 +151,32 @@ class Workers:
             except subprocess.TimeoutExpired:
                 worker.process.kill()
                 worker.process.wait()
+        self._threads.shutdown(wait=True, cancel_futures=True)
 
     @staticmethod
     def _serve(worker: _Worker, shares: Shares, context: dict[str, Any]) -> None:
         """On a thread of the pool: ``worker`` places shares until none is left, or it dies."""
-        process = worker.process
-        if not worker.ready:
-            worker.ready = _stdout(process).readline().strip() == READY
+        with worker.serving:
+            process = worker.process
             if not worker.ready:
-                return
-        while (taken := shares.take_last()) is not None:
-            item, future = taken
-            try:
-                task = {**context, "item": dataclasses.asdict(item)}
-                _stdin(process).write(json.dumps(task) + "\n")
-                _stdin(process).flush()
-                line = _stdout(process).readline()
-                if not line:
-                    raise RuntimeError(f"merge worker ended with {process.wait()}")
-                future.set_result(_part(json.loads(line)))
-            except Exception as exc:  # the merging process places it instead
-                future.set_exception(exc)
-                if process.poll() is not None or isinstance(exc, OSError):
-                    worker.ready = False  # gone: it takes nothing more
+                worker.ready = _stdout(process).readline().strip() == READY
+                if not worker.ready:
                     return
+            while (taken := shares.take_last()) is not None:
+                item, future = taken
+                try:
+                    task = {**context, "item": dataclasses.asdict(item)}
+                    _stdin(process).write(json.dumps(task) + "\n")
+                    _stdin(process).flush()
+                    line = _stdout(process).readline()
+                    if not line:
+                        raise RuntimeError(f"merge worker ended with {process.wait()}")
+                    future.set_result(_part(json.loads(line)))
+                except Exception as exc:  # the merging process places it instead
+                    future.set_exception(exc)
+                    if process.poll() is not None or isinstance(exc, OSError):
+                        worker.ready = False  # gone: it takes nothing more
+                        return
 
 
 def serve() -> None:

@@ -28,7 +28,7 @@ import json
 import os
 import re
 from collections.abc import Generator, Iterable, Iterator
-from concurrent.futures import Future, wait
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -261,7 +261,8 @@ def _document(
     shares = parallel.Shares(
         [item for item in traces if item.timeline_process is None] if workers else []
     )
-    serving = [] if workers is None else workers.serve(shares, where, root, step, output.base_ns)
+    if workers is not None:
+        workers.serve(shares, where, root, step, output.base_ns)
     first = True
     try:
         for item in traces:
@@ -284,7 +285,6 @@ def _document(
         for number, future in shares.close().items():  # left early: nothing left behind
             _by_worker(future, where, step, by_number[number])  # let it end: it writes
             parallel.remove_part(where, step, by_number[number])
-        wait(serving)
     _see_otel(root, step, output)
     first_flow = len(inputs) * FLOWS_PER_INPUT + 1  # above every input's flow ids
     for text, count in texts(list(output.links.events(output.notes, first_flow))):
