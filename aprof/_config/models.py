@@ -138,6 +138,45 @@ class RoleConfig(_Model):
         return self.enable and (self.all_ranks or rank in self.ranks)
 
 
+class ColocatedConfig(_Model):
+    """A role whose engine workers share accelerators with rollout replicas."""
+
+    role: str = Field(description="The role, as `roles` names it.")
+    replicas: Annotated[list[int] | Literal["all"], BeforeValidator(indices("replica"))] = Field(
+        "all", description="The replicas on the role's devices, or 'all'."
+    )
+    exclusive: StrictBool | None = Field(
+        None,
+        description=(
+            "Their captures never run at once: true, false, or null for the tool's default "
+            "(true for npu and nsys, false for torch and torch_memory)."
+        ),
+    )
+
+    @field_validator("role")
+    @classmethod
+    def _role_name(cls, role: str) -> str:
+        if not _ROLE_NAME.fullmatch(role):
+            raise ConfigError("", "role names may hold only letters, digits, '_' and '-'")
+        return role
+
+    def holds(self, replica: int) -> bool:
+        """True if ``replica`` is on this role's devices."""
+        return self.replicas == "all" or replica in self.replicas
+
+    def excludes(self, tools: tuple[str, str]) -> bool:
+        """True if a capture of the role and one of its replicas, by ``tools``, may not run
+        at once."""
+        if self.exclusive is not None:
+            return self.exclusive
+        return any(tool in EXCLUSIVE_TOOLS for tool in tools)
+
+
+EXCLUSIVE_TOOLS = frozenset({"npu", "nsys"})
+"""Tools whose captures on one device lose data when another capture runs there (verl #7722:
+NPU profiler data lost, nsys GPU metrics broken)."""
+
+
 class ScheduleConfig(_Model):
     """A mini-batch schedule: which update mini-batches (``wp.step()`` calls) are recorded.
 
@@ -438,6 +477,9 @@ class ProfilerConfig(_Model):
     control: ControlConfig = Field(default_factory=ControlConfig)
     triggers: TriggersConfig = Field(default_factory=TriggersConfig)
     otel: OtelConfig = Field(default_factory=OtelConfig)
+    colocated: list[ColocatedConfig] = Field(
+        default_factory=list, description="Roles that share accelerators with rollout replicas."
+    )
     strict: StrictBool = Field(False, description="Let capture errors escape step/request.")
 
     @field_validator("roles", mode="before")
@@ -452,6 +494,20 @@ class ProfilerConfig(_Model):
                 )
         # `actor:` with nothing under it reads as null: a role with default settings.
         return {name: {} if role is None else role for name, role in roles.items()}
+
+    @field_validator("colocated")
+    @classmethod
+    def _one_entry_per_role(cls, colocated: list[ColocatedConfig]) -> list[ColocatedConfig]:
+        seen: set[str] = set()
+        for i, entry in enumerate(colocated):
+            if entry.role in seen:
+                raise ConfigError(f"[{i}].role", f"role {entry.role!r} is listed twice")
+            seen.add(entry.role)
+        return colocated
+
+    def colocated_with(self, role: str) -> ColocatedConfig | None:
+        """What ``colocated`` says of ``role``, if it names it."""
+        return next((entry for entry in self.colocated if entry.role == role), None)
 
     def to_yaml(self) -> str:
         """The resolved configuration (every key, defaults included) as YAML."""

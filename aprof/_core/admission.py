@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable
 
 from aprof._config import ProfilerConfig
+from aprof._core.colocation import Colocation
 from aprof._core.plan import Claim
 from aprof._core.target_machine import TargetMachine
 from aprof._core.targets import Targets, rollout_replica
@@ -24,10 +25,13 @@ from aprof._timeline.recorder import Gate, Request
 class Admission:
     """The rollout windows of the open step, and the gate requests enter through."""
 
-    def __init__(self, config: ProfilerConfig, targets: Targets, windows: Windows) -> None:
+    def __init__(
+        self, config: ProfilerConfig, targets: Targets, windows: Windows, colocation: Colocation
+    ) -> None:
         self._config = config
         self._targets = targets
         self._windows = windows
+        self._colocation = colocation
         self._on_first_request = config.rollout.start == "on_first_request"
         self.gate = Gate(self.admit)
         """What requests read as they enter."""
@@ -63,19 +67,28 @@ class Admission:
     def end(self, step: int, reason: StopReason) -> list[WindowRun]:
         """Close step ``step``'s rollout windows for ``reason`` and record a skipped one for
         each selected replica no request reached; returns those closed."""
+        closed = self.end_rollout(reason)
+        self.windows = {}
+        self.gate.live = False
+        self.gate.step = None
+        return closed
+
+    def end_rollout(self, reason: StopReason) -> list[WindowRun]:
+        """The open step's rollout is over: close its rollout windows for ``reason`` and
+        record a skipped one for each selected replica no request reached; none opens in
+        this step any more. Returns those closed (all of the step's, ended before too)."""
         closed = list(self.windows.values())
         for run in closed:
             self._windows.close(run, reason)
-        if self.gate.live:
+        step = self.gate.step
+        if self.gate.live and step is not None:
             for replica, claim in sorted(self.replicas.items()):
                 if replica not in self.windows:
                     machine = self._targets.by_replica[replica]
-                    why = f"no request reached replica {replica}"
-                    self._windows.skip(machine, step, claim, why)
-        self.windows = {}
+                    before = " before the rollout ended" if reason == "rollout_end" else ""
+                    why = f"no request reached replica {replica}{before}"
+                    self._windows.skip(machine, step, claim, why, reason=reason)
         self.replicas = {}
-        self.gate.live = False
-        self.gate.step = None
         return closed
 
     def forget(self, machine: TargetMachine) -> list[WindowRun]:
@@ -126,7 +139,13 @@ class Admission:
         step = self.gate.step
         if machine is None or step is None or claim is None:
             return None
-        self.windows[replica] = run = self._windows.open(machine, step, claim)
+        blocked = self._colocation.blocked(replica)
+        if blocked is not None:
+            # Skipped, and kept: its requests go ahead ungated, and it is not tried again.
+            run = self._windows.skip(machine, step, claim, blocked, reason="colocated")
+        else:
+            run = self._windows.open(machine, step, claim)
+        self.windows[replica] = run
         return run
 
     def open_for(self, step: int, replica: int) -> WindowRun | None:

@@ -83,6 +83,13 @@ class BlockingProfiler:
         else:
             self._portal.call(self._profiler.remove_target, name)
 
+    def rollout_ended(self) -> None:
+        """The open step's rollout is over, as :meth:`aprof.Profiler.rollout_ended`."""
+        if self._portal is None or self._status != "open":
+            self._profiler.rollout_ended()
+        else:
+            self._portal.call(self._profiler.rollout_ended)
+
     def step(self, n: int) -> AbstractContextManager[int]:
         """``with prof.step(n):`` global step ``n``: opens and closes that step's windows."""
         return self._open_portal().wrap_async_context_manager(self._profiler.step(n))

@@ -8,6 +8,7 @@
 - ``plan.py``: which steps are captured, on which targets, and why;
 - ``control.py``: capture requests and triggers deciding that at run time, and the status;
 - ``admission.py``: requests entering the open step, gated while their window starts;
+- ``colocation.py``: captures on shared accelerators never running at once;
 - ``disk_guard.py``: no capture starts while the manifest cannot be written;
 - ``process_timeline.py``: this process's timeline;
 - ``serving.py``: what other processes see and send (``aprof.ray``).
@@ -32,6 +33,7 @@ from aprof._config import ProfilerConfig, load_config
 from aprof._control import CaptureAnswer, CaptureRequest
 from aprof._core.accounting import LiveAccounting
 from aprof._core.admission import Admission
+from aprof._core.colocation import Colocation
 from aprof._core.control import Control
 from aprof._core.disk_guard import DiskGuard
 from aprof._core.plan import Plan
@@ -127,7 +129,8 @@ class Profiler(Recording):
             note=self._windows.note,
             log=log,
         )
-        self._admission = Admission(cfg, self._targets, self._windows)
+        self._colocation = Colocation(cfg, self._targets, self._windows)
+        self._admission = Admission(cfg, self._targets, self._windows, self._colocation)
         self._gate = self._admission.gate
         self._gate.trace_salt = salt
         self._recorder = self._timeline.recorder
@@ -138,6 +141,8 @@ class Profiler(Recording):
             admission=self._admission,
             files=files,
             decide=self._control.capture,
+            add_target=self.add_target,
+            remove_target=self.remove_target,
             accounting=self._accounting,
         )
         """What other processes reach of this profiler once it is shared (``aprof.ray``)."""
@@ -151,6 +156,7 @@ class Profiler(Recording):
             serving=self._serving,
             plan=self._plan,
             control=self._control,
+            colocation=self._colocation,
         )
 
     # -- public API -------------------------------------------------------------------------
@@ -205,6 +211,15 @@ class Profiler(Recording):
         self._plan.forget(name, rollout_replica(machine.target))
         runs = self._steps.forget(name) + self._admission.forget(machine)
         self._windows.retire(machine, runs)
+
+    def rollout_ended(self) -> None:
+        """The open step's rollout is over (verl: generation has ended; its training stages
+        follow): its rollout windows end now (``stop_reason: rollout_end``), none opens
+        again in this step, and a role window held until then (``colocated``) starts. Does
+        nothing outside a step; raises ``UsageError`` once the profiler is closed."""
+        if self._status == "closed":
+            raise UsageError("the profiler is closed")
+        self._steps.rollout_ended()
 
     def step(self, n: int) -> _Step:
         """The context of global step ``n`` (1-based): opens and closes that step's windows.
@@ -367,6 +382,8 @@ class Profiler(Recording):
     def _window_moved(self, run: WindowRun, phase: Phase) -> None:
         if run.window.kind == "rollout":
             self._serving.changed()
+            if phase.final:
+                self._colocation.moved(run)
         if phase.final:
             self._control.window_ended(run)
         else:

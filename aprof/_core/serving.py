@@ -3,12 +3,14 @@ windows they ask it to open, and what they report back.
 
 The transport (``aprof.ray``) is a :class:`~aprof._core.sharing.Link`: told when the view
 changed, waited for as a step begins, and calling back :meth:`Serving.view`,
-:meth:`Serving.open_for` and :meth:`Serving.take_report` with what the other processes send.
+:meth:`Serving.open_for`, :meth:`Serving.take_report`, :meth:`Serving.capture` and
+:meth:`Serving.change_target` with what the other processes send.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
 from aprof._config import ProfilerConfig
 from aprof._control import CaptureAnswer, CaptureRequest
@@ -19,6 +21,7 @@ from aprof._core.targets import Targets
 from aprof._core.window import Phase, add_counts, shared_phase
 from aprof._core.windows import Windows
 from aprof._manifest import ManifestFiles, TimelineFile
+from aprof.abc import CaptureTarget
 
 
 class Serving:
@@ -33,6 +36,8 @@ class Serving:
         admission: Admission,
         files: ManifestFiles,
         decide: Callable[[CaptureRequest], CaptureAnswer],
+        add_target: Callable[[CaptureTarget], None],
+        remove_target: Callable[[str], None],
         accounting: LiveAccounting,
     ) -> None:
         self.config = config
@@ -41,6 +46,8 @@ class Serving:
         self._admission = admission
         self._files = files
         self._decide = decide
+        self._add_target = add_target
+        self._remove_target = remove_target
         self._accounting = accounting
         self.link: Link | None = None
         """The transport to the other processes, once the profiler is shared."""
@@ -92,6 +99,18 @@ class Serving:
         plain JSON fields (``ConfigError`` for a malformed request, raised there)."""
         answer = self._decide(CaptureRequest.parse(fields))
         return answer.model_dump(mode="json", by_alias=True)
+
+    def change_target(self, op: Literal["add_target", "remove_target"], payload: object) -> None:
+        """Another process's ``add_target(target)`` or ``remove_target(name)``: the driver's
+        own (raising there as here)."""
+        if op == "add_target":
+            if not isinstance(payload, CaptureTarget):
+                raise TypeError(f"{payload!r} is not an aprof.CaptureTarget")
+            self._add_target(payload)
+        else:
+            if not isinstance(payload, str):
+                raise TypeError(f"a target name is a string, got {payload!r}")
+            self._remove_target(payload)
 
     def take_report(self, process: str, report: Report) -> None:
         """Add what ``process`` counted to its windows, list its timeline files, and take

@@ -2,7 +2,8 @@
 
 A step the plan captures (the config's, or one added while the run goes on) opens a window on
 each of its role targets (the step waits until they have started: a role capture must see its
-step from the beginning) and makes its rollout windows due; leaving the step closes them,
+step from the beginning; one whose devices the step's rollout shares starts once that rollout
+is over, ``colocation.py``) and makes its rollout windows due; leaving the step closes them,
 except the role windows of a continuous run, which go on into the next captured step. At each
 boundary the control folder's requests are decided first, and the triggers measure the step
 that ended.
@@ -11,9 +12,11 @@ that ended.
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 
 from aprof._config import ProfilerConfig
 from aprof._core.admission import Admission
+from aprof._core.colocation import Colocation
 from aprof._core.control import Control
 from aprof._core.disk_guard import DiskGuard
 from aprof._core.plan import Plan, Scope
@@ -42,6 +45,7 @@ class Steps:
         serving: Serving,
         plan: Plan,
         control: Control,
+        colocation: Colocation,
     ) -> None:
         self._config = config
         self._targets = targets
@@ -52,6 +56,7 @@ class Steps:
         self._serving = serving
         self._plan = plan
         self._control = control
+        self._colocation = colocation
         self._profiled = False
         """The open step has windows (it is no trigger's baseline)."""
         self._entered: set[int] = set()
@@ -113,8 +118,11 @@ class Steps:
                     self._roles[name].extend_to(n)
                     continue
                 machine = self._targets.by_name[name]
-                self._roles[name] = run = self._windows.open(machine, n, claim)
-                roles.append(run)
+                hold = self._colocation.hold(machine, n, scope.replicas)
+                gate = None if hold is None else partial(self._colocation.clear, hold)
+                self._roles[name] = run = self._windows.open(machine, n, claim, gate)
+                if hold is None or not hold.deferred:  # else it starts once the rollout is over
+                    roles.append(run)
             rollouts = (
                 self._admission.open_rollouts(all_now=cfg.rollout.start == "on_step")
                 if scope.replicas
@@ -168,6 +176,7 @@ class Steps:
         if self.current == n:  # else the profiler's close ended it already
             self._timeline.step(n, self._profiled, self._began)
         rollouts = self._admission.end(n, reason)
+        self._colocation.rollout_over(n)
         roles: list[WindowRun] = []
         for name, run in list(self._roles.items()):
             target = self._targets.by_name[name].target
@@ -179,6 +188,17 @@ class Steps:
             del self._roles[name]
         self._serving.changed()
         return rollouts, roles
+
+    def rollout_ended(self) -> bool:
+        """The open step's rollout is over: its rollout windows end (``rollout_end``), none
+        opens again in it, and the role windows held for it go on; False outside a step."""
+        n = self.current
+        if n is None:
+            return False
+        self._admission.end_rollout("rollout_end")
+        self._colocation.rollout_over(n)
+        self._serving.changed()
+        return True
 
     def forget(self, name: str) -> list[WindowRun]:
         """The role target ``name`` is removed: its window open now, if any, which no step

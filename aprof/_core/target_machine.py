@@ -9,7 +9,7 @@ record are :class:`~aprof._core.window.WindowRun`'s (``window.py``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Protocol, TypeVar, runtime_checkable
@@ -24,6 +24,9 @@ from aprof.abc import CaptureTarget, ManagedTarget
 
 _T = TypeVar("_T")
 
+Gate = Callable[[WindowRun], Awaitable[tuple[StopReason, str] | None]]
+"""What a window's start waits for besides its target's previous stop; ``(reason, why)``
+when the window is skipped instead (``colocation.py``)."""
 OnNote = Callable[[int, str, str], None]
 """Told ``(step, target, text)``: something worth writing down that is not a failure."""
 
@@ -67,19 +70,21 @@ class TargetMachine:
         """aprof itself must bound this target's windows."""
         return not self.target.enforces_window
 
-    def open(self, run: WindowRun) -> None:
-        """Begin ``run``: start it now, or once the previous window's stop has finished."""
+    def open(self, run: WindowRun, gate: Gate | None = None) -> None:
+        """Begin ``run``: start it now, or once the previous window's stop has finished and
+        ``gate`` has let it (skipped when the gate says why not)."""
         previous = self._previous
         if previous is not None and previous.stop_task is None:
             # A window left open when the next one begins is closed first: one at a time.
             self.close(previous, "step_end")
         self._previous = run
         waiting_for = previous.released if previous is not None else None
-        if waiting_for is None or waiting_for.is_set():
+        if waiting_for is not None and waiting_for.is_set():
             waiting_for = None
+        if waiting_for is None and gate is None:
             run.begin_start()
         run.start_task = asyncio.get_running_loop().create_task(
-            self._start(run, waiting_for), name=f"aprof-start-{run.window.prefix}"
+            self._start(run, waiting_for, gate), name=f"aprof-start-{run.window.prefix}"
         )
 
     def close(self, run: WindowRun, reason: StopReason) -> asyncio.Task[None]:
@@ -91,13 +96,24 @@ class TargetMachine:
             )
         return run.stop_task
 
-    async def _start(self, run: WindowRun, after: asyncio.Event | None) -> None:
+    async def _start(self, run: WindowRun, after: asyncio.Event | None, gate: Gate | None) -> None:
         try:
             if after is not None:
                 await after.wait()  # bounded: the previous stop has its own timeout
                 if run.stop_task is not None:
                     run.end(Phase.SKIPPED, "window ended before the previous stop finished")
                     return
+            if gate is not None:
+                refused = await gate(run)
+                if run.phase.final:  # the profiler closed without it
+                    return
+                if refused is not None:
+                    reason, why = refused
+                    run.released.set()  # nothing started: the next window need not wait
+                    run.end(Phase.SKIPPED, reason=reason, detail=why)
+                    self._note(run.window.step, run.window.target, why)
+                    return
+            if run.phase is Phase.QUEUED:
                 run.begin_start()
             try:
                 async with asyncio.timeout(self._timeouts.start_s):

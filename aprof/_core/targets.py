@@ -115,6 +115,11 @@ def rollout_replica(target: CaptureTarget) -> int | None:
     return target.replica if target.kind == "rollout" else None
 
 
+def tool_of(target: CaptureTarget, default: str) -> str:
+    """The tool a target captures with: its ``tool``, else the run's (``default``)."""
+    return str(getattr(target, "tool", default))
+
+
 def role_of(target: CaptureTarget) -> str:
     """The role a target captures: its ``role``, else its name."""
     return str(getattr(target, "role", target.name))

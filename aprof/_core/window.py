@@ -25,6 +25,7 @@ from aprof._manifest import (
     FileEntry,
     RankCapture,
     StopReason,
+    Waited,
     WindowRecord,
     WindowState,
 )
@@ -36,7 +37,8 @@ class Phase(enum.Enum):
     four) the manifest use."""
 
     QUEUED = "queued"
-    """Waiting for the target's previous stop to finish; requests go ahead ungated."""
+    """Waiting for the target's previous stop to finish, or for the captures on the devices
+    it shares (``colocation.py``); requests go ahead ungated."""
     STARTING = "starting"
     """The start is on its way; requests to its replica wait for it."""
     ACTIVE = "active"
@@ -66,7 +68,8 @@ MOVES: Final[Mapping[Phase, frozenset[Phase]]] = {
     Phase.SKIPPED: frozenset(),
 }
 """Every move a window makes. From ``queued``: ``failed`` when the manifest cannot be written
-(nothing is started then), ``skipped`` when the step ended before the previous stop did;
+(nothing is started then), ``skipped`` when the step ended before the previous stop did, or
+a capture on the devices it shares did not stop;
 ``timeout`` from any phase not final: the profiler closed before the window ended."""
 
 OnChange = Callable[["WindowRun", Phase, "str | None"], None]
@@ -234,6 +237,10 @@ class WindowRun:
         record.captures = list(result.captures)
         record.forward_steps.observed = result.observed
         record.forward_steps.counted_from = result.counted_from
+
+    def waited(self, targets: list[str], seconds: float, why: str) -> None:
+        """Its start waited ``seconds`` for the captures of ``targets`` (colocated)."""
+        self.record.waited_for = Waited(targets=targets, seconds=round(seconds, 6), why=why)
 
     def extend_to(self, step: int) -> None:
         """A continuous window goes on through ``step``."""

@@ -12,8 +12,8 @@ from aprof._capture import Window
 from aprof._config import ProfilerConfig
 from aprof._core.plan import Claim
 from aprof._core.process_timeline import ProcessTimeline
-from aprof._core.target_machine import TargetMachine
-from aprof._core.targets import Targets, role_of
+from aprof._core.target_machine import Gate, TargetMachine
+from aprof._core.targets import Targets, role_of, tool_of
 from aprof._core.window import Phase, WindowRun
 from aprof._errors import CaptureError
 from aprof._layout import OutputLayout, safe_name
@@ -54,9 +54,12 @@ class Windows:
         self._on_move = on_move
         """Told of every move, after the log and the manifest (the shared view, the status)."""
 
-    def open(self, machine: TargetMachine, step: int, claim: Claim) -> WindowRun:
+    def open(
+        self, machine: TargetMachine, step: int, claim: Claim, gate: Gate | None = None
+    ) -> WindowRun:
         """A new window of ``machine``'s target for ``step`` as ``claim`` asks, started now or
-        after the target's previous stop (failed at once when windows may not start)."""
+        after the target's previous stop and ``gate`` (failed at once when windows may not
+        start)."""
         run = self._run(machine, step, claim)
         refused = self._refused()
         if refused is not None:
@@ -65,7 +68,7 @@ class Windows:
             run.end(Phase.FAILED, f"not started: {refused}", reason="error")
             return run
         self.live[(step, machine.target.name)] = run
-        machine.open(run)
+        machine.open(run, gate)
         return run
 
     def skip(
@@ -75,10 +78,14 @@ class Windows:
         claim: Claim,
         why: str,
         reason: StopReason = "step_end",
-    ) -> None:
+    ) -> WindowRun:
         """Record ``machine``'s window of ``step`` as skipped for ``why``; nothing starts."""
-        self._run(machine, step, claim).end(Phase.SKIPPED, reason=reason, detail=why)
+        run = self._run(machine, step, claim)
+        run.released.set()
+        run.started.set()
+        run.end(Phase.SKIPPED, reason=reason, detail=why)
         self.note(step, machine.target.name, why)
+        return run
 
     def _run(self, machine: TargetMachine, step: int, claim: Claim) -> WindowRun:
         """A new window of ``machine``'s target for ``step``, listed in the manifest."""
@@ -105,7 +112,7 @@ class Windows:
             step=step,
             target=target.name,
             kind=target.kind,
-            tool=str(getattr(target, "tool", cfg.global_profiler.tool)),
+            tool=tool_of(target, cfg.global_profiler.tool),
             requested_by=claim.requested_by,
             forward_steps=ForwardSteps(delay=delay, requested=forward_steps),
         )

@@ -20,6 +20,7 @@ from aprof._manifest.model import (
     RequestedBy,
     StopReason,
     TimelineFile,
+    Waited,
     WindowRecord,
     WindowState,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "RequestedBy",
     "StopReason",
     "TimelineFile",
+    "Waited",
     "WindowRecord",
     "WindowState",
     "load_manifest",

@@ -36,7 +36,9 @@ MOST_BYTES = 256 << 20
 STEP_FILE = re.compile(r"step_([1-9][0-9]{0,17})\.json")
 
 WindowState = Literal["running", "done", "failed", "timeout", "skipped"]
-StopReason = Literal["auto_stop", "step_end", "run_end", "error", "cancelled", "removed"]
+StopReason = Literal[
+    "auto_stop", "step_end", "rollout_end", "run_end", "error", "cancelled", "removed", "colocated"
+]
 EnforcedBy = Literal["server", "aprof", "none"]
 RequestedBy = Literal["config", "on_demand", "slow_step", "slow_rollout"]
 """Why a window exists: the config selected its step, a person asked (``aprof capture``,
@@ -63,6 +65,16 @@ class RequestCounts(_Model):
 
     admitted: int = 0
     gated: int = 0
+
+
+class Waited(_Model):
+    """What a window waited for before it started, besides its target's previous stop: the
+    captures of targets that share its devices (``colocated`` in the config)."""
+
+    targets: list[str]
+    """The targets whose captures it waited for: their rollout ended, or they stopped."""
+    seconds: float
+    why: str
 
 
 class FileEntry(_Model):
@@ -126,6 +138,8 @@ class WindowRecord(_Model):
     requests: RequestCounts = Field(default_factory=RequestCounts)
     files: list[FileEntry] = Field(default_factory=list)
     error: str | None = None
+    waited_for: Waited | None = None
+    """Set when its start waited for captures on the devices it shares."""
     captures: list[RankCapture] = Field(default_factory=list)
     """Per-rank captures of a worker group's window; empty for other role targets, and not
     written for rollout windows."""

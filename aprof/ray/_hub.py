@@ -2,11 +2,12 @@
 
 A Ray driver cannot be called by its actors, so the driver keeps a small async actor, the
 hub, on its node. The driver publishes its :class:`RolloutView` to the hub and long-polls it
-for mail (first requests that open a window, the processes' reports, their capture requests);
-every other process long-polls it for the view, handing in its report with each poll, asks
-it for the outcome of a window that is due or starting, and hands it capture requests, which
-wait there for the driver's decision. When the driver's profiler closes, its last view says
-so (``closing``): each process closes itself, and the driver waits for them (bounded).
+for mail (first requests that open a window, the processes' reports, their calls); every
+other process long-polls it for the view, handing in its report with each poll, asks it for
+the outcome of a window that is due or starting, and hands it calls (capture requests, targets
+added or removed), which wait there for the driver's decision. When the driver's profiler
+closes, its last view says so (``closing``): each process closes itself, and the driver waits
+for them (bounded).
 Every wait here is bounded.
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from dataclasses import dataclass, field
-from typing import Final, Literal, NamedTuple
+from typing import Any, Final, Literal, NamedTuple
 
 from aprof._accounting import combined
 from aprof._core.accounting import KEEP
@@ -31,29 +32,43 @@ WATCH_S: Final = 10.0
 often, and a hub that is gone is noticed within it."""
 MAX_CALLS: Final = 10_000
 """Calls the hub serves at once: one watch per process, one ask per (process, replica), one
-per capture request waiting for the driver."""
+per call (a capture request, a target change) waiting for the driver."""
+
+
+CallOp = Literal["capture", "add_target", "remove_target"]
+
+
+class Call(NamedTuple):
+    """What another process asks the driver's profiler to do: ``capture`` (the request's
+    fields), ``add_target`` (the target, pickled) or ``remove_target`` (its name)."""
+
+    op: CallOp
+    payload: Any
 
 
 class Decision(NamedTuple):
-    """The driver's word on one capture request another process handed the hub: exactly one
-    field is set (plain values: it crosses processes)."""
+    """The driver's word on one call another process handed the hub: exactly one field is
+    set (plain values: it crosses processes)."""
 
     answer: dict[str, object] | None = None
-    """The driver decided: its ``CaptureAnswer``'s JSON fields (accepted or refused)."""
+    """The driver did it: a capture's ``CaptureAnswer`` JSON fields (accepted or refused),
+    empty for a target change."""
     malformed: tuple[str | None, str] | None = None
-    """The driver found the request malformed: its ``ConfigError``'s key and reason."""
+    """The driver found the capture request malformed: its ``ConfigError``'s key and reason."""
+    refused: str | None = None
+    """The driver refused the target change: its ``TargetError``'s message."""
     error: str | None = None
     """No decision: why (the driver closes, failed, or did not answer in time)."""
 
 
 @dataclass
 class Mail:
-    """What waits for the driver: asks that open a window, reports, capture requests."""
+    """What waits for the driver: asks that open a window, reports, calls."""
 
     asks: list[tuple[int, int]] = field(default_factory=list)
     reports: dict[str, Report] = field(default_factory=dict)
-    captures: dict[int, dict[str, object]] = field(default_factory=dict)
-    """Capture requests' fields, by the hub's number for each: answered by number."""
+    calls: dict[int, Call] = field(default_factory=dict)
+    """Calls, by the hub's number for each: answered by number."""
 
 
 @dataclass
@@ -80,7 +95,7 @@ class Hub:
         self._processes: dict[str, _Process] = {}
         self._asks: set[tuple[int, int]] = set()
         self._reports: dict[str, Report] = {}
-        self._captures: dict[int, dict[str, object]] = {}
+        self._calls: dict[int, Call] = {}
         """Capture requests the driver has not pulled yet."""
         self._deciding: dict[int, asyncio.Future[Decision]] = {}
         """The capture requests waiting for the driver's decision, pulled or not."""
@@ -123,11 +138,11 @@ class Hub:
             return late
 
     async def pull(self, wait_s: float) -> Mail:
-        """The mail waiting for the driver: asks, reports and capture requests (waiting up to
-        ``wait_s`` for some)."""
+        """The mail waiting for the driver: asks, reports and calls (waiting up to ``wait_s``
+        for some)."""
 
         def waiting() -> bool:
-            return bool(self._asks or self._reports or self._captures or self._woken)
+            return bool(self._asks or self._reports or self._calls or self._woken)
 
         try:
             async with asyncio.timeout(wait_s), self._mail:
@@ -135,13 +150,13 @@ class Hub:
         except TimeoutError:
             pass
         self._woken = False
-        mail = Mail(sorted(self._asks), self._reports, self._captures)
-        self._asks, self._reports, self._captures = set(), {}, {}
+        mail = Mail(sorted(self._asks), self._reports, self._calls)
+        self._asks, self._reports, self._calls = set(), {}, {}
         return mail
 
     async def decided(self, decisions: dict[int, Decision]) -> None:
-        """The driver's decisions on the capture requests it pulled, by number: each goes to
-        the process waiting for it (one that gave up meanwhile is gone)."""
+        """The driver's decisions on the calls it pulled, by number: each goes to the process
+        waiting for it (one that gave up meanwhile is gone)."""
         for number, decision in decisions.items():
             waiting = self._deciding.get(number)
             if waiting is not None and not waiting.done():
@@ -252,33 +267,33 @@ class Hub:
             return "started", version
         return ("failed" if saw_start or final == "failed" else "go"), version
 
-    async def capture(self, fields: dict[str, object]) -> Decision:
-        """A capture request's fields, for the driver to decide: its decision, once it comes
-        (at most ``connect_s`` later). A request the driver has not pulled by then is
-        withdrawn (never decided); one it pulled may still be."""
+    async def call(self, call: Call) -> Decision:
+        """``call``, for the driver to carry out: its decision, once it comes (at most
+        ``connect_s`` later). A call the driver has not pulled by then is withdrawn (never
+        carried out); one it pulled may still be."""
         if self._view.closing:
             return Decision(error="the driver's profiler is closing")
         number = next(self._numbers)
         decision: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
         self._deciding[number] = decision
-        self._captures[number] = fields
+        self._calls[number] = call
         try:
             async with self._mail:
                 self._mail.notify_all()
             async with asyncio.timeout(self._connect_s):
                 return await decision
         except TimeoutError:
-            if self._captures.pop(number, None) is not None:
+            if self._calls.pop(number, None) is not None:
                 return Decision(
                     error="the driver did not take it within timeouts.connect_s; it was "
-                    "withdrawn, not decided"
+                    "withdrawn, not carried out"
                 )
             return Decision(
                 error="the driver took it and did not answer within timeouts.connect_s; it "
-                "may still be decided"
+                "may still be carried out"
             )
         finally:
-            self._captures.pop(number, None)  # a caller cancelled withdraws it too
+            self._calls.pop(number, None)  # a caller cancelled withdraws it too
             self._deciding.pop(number, None)
 
     async def close(self, name: str, report: Report) -> None:

@@ -14,12 +14,13 @@ from aprof._config import ProfilerConfig, load_config
 from aprof._control import CaptureAnswer, CaptureRequest
 from aprof._core.process_timeline import Recording, open_timeline
 from aprof._core.sharing import Counts, Report, RolloutView
-from aprof._errors import ConfigError, UsageError, describe
+from aprof._errors import ConfigError, TargetError, UsageError, describe
 from aprof._layout import check_name
 from aprof._logging import logger
 from aprof._timeline.events import SPAN, now_ns
 from aprof._timeline.recorder import Gate, Request
-from aprof.ray._hub import WATCH_S, Answer, Decision
+from aprof.abc import CaptureTarget
+from aprof.ray._hub import WATCH_S, Answer, Call, Decision
 from aprof.ray._share import ShareHandle
 
 _ASKING = ("due", "starting")
@@ -65,8 +66,9 @@ def connect(
 
 class RemoteProfiler(Recording):
     """The driver's profiler as one other process sees it: :meth:`request`, :meth:`span` and
-    :attr:`current_step`, as on :class:`aprof.Profiler`, and :meth:`capture`, which the
-    driver decides; :meth:`aclose` at the end (the driver's profiler closing has it run if the
+    :attr:`current_step`, as on :class:`aprof.Profiler`, and :meth:`capture`,
+    :meth:`add_target` and :meth:`remove_target`, which the driver carries out; :meth:`aclose`
+    at the end (the driver's profiler closing has it run if the
     process does not).
 
     A request's first to a replica in a step asks the driver (one round trip, shared by the
@@ -140,37 +142,58 @@ class RemoteProfiler(Recording):
         Raises ``ConfigError`` for a malformed argument (checked here first, nothing is sent)
         and ``UsageError`` when there is no decision: this profiler or the driver's is
         closed, the hub cannot be reached, or no answer came within ``timeouts.connect_s``
-        (the message says whether the driver may still decide it; its answer would be
+        (the message says whether the driver may still carry it out; its answer would be
         ``control/answers/<id>.json`` below ``save_path``).
         """
         request = CaptureRequest.of(
             next, steps, replicas=replicas, roles=roles, forward_steps=forward_steps
         )
-        self._watch()
+        fields = request.model_dump(mode="json", by_alias=True, exclude_none=True)
         about = f"capture request {request.id} ({request.describe()})"
+        decision = await self._call(Call("capture", fields), about)
+        assert decision.answer is not None  # else _call raised
+        return CaptureAnswer.model_validate(decision.answer)
+
+    async def add_target(self, target: CaptureTarget) -> None:
+        """Register ``target`` with the driver's profiler, as :meth:`aprof.Profiler.add_target`
+        there: it is pickled to the driver, whose profiler drives its windows (a process that
+        runs or finds servers adds them for the driver). Raises ``TargetError`` as the
+        driver's would, ``UsageError`` as :meth:`capture` when no answer comes."""
+        await self._call(Call("add_target", target), f"add_target({target.name!r})")
+
+    async def remove_target(self, name: str) -> None:
+        """Unregister the driver's target ``name``, as :meth:`aprof.Profiler.remove_target`
+        there. Raises ``TargetError`` as the driver's would (no such target), ``UsageError``
+        as :meth:`capture` when no answer comes."""
+        await self._call(Call("remove_target", name), f"remove_target({name!r})")
+
+    async def _call(self, call: Call, about: str) -> Decision:
+        """``call`` carried out by the driver, through the hub; raises what it refused."""
+        self._watch()
         if self._closing is not None:
             raise UsageError(f"{about}: this process's remote profiler is closed")
         if self._view.closing:
             raise UsageError(f"{about}: the driver's profiler is closing")
         if self._gone is not None:
             raise UsageError(f"{about}: the driver's profiler cannot be reached ({self._gone})")
-        fields = request.model_dump(mode="json", by_alias=True, exclude_none=True)
         try:
             # The hub waits connect_s for the driver; this, a little longer for the hub.
             async with asyncio.timeout(self.config.timeouts.connect_s + 1.0):
-                decision: Decision = await self._hub.capture.remote(fields)
+                decision: Decision = await self._hub.call.remote(call)
         except TimeoutError:
             raise UsageError(
                 f"{about}: the hub did not answer within timeouts.connect_s + 1 s; the driver "
-                "may still decide it"
+                "may still carry it out"
             ) from None
         except Exception as exc:
             raise UsageError(f"{about}: the hub cannot be reached ({describe(exc)})") from None
         if decision.malformed is not None:
             raise ConfigError(*decision.malformed)
+        if decision.refused is not None:
+            raise TargetError(decision.refused)
         if decision.answer is None:
             raise UsageError(f"{about}: {decision.error or 'no decision'}")
-        return CaptureAnswer.model_validate(decision.answer)
+        return decision
 
     async def aclose(self) -> None:
         """Write this process's timeline and hand its last counts and files to the driver

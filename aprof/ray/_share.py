@@ -10,9 +10,9 @@ from typing import Any
 from aprof._core import BlockingProfiler, Profiler
 from aprof._core.serving import Serving
 from aprof._core.sharing import RolloutView
-from aprof._errors import ConfigError, UsageError, describe
+from aprof._errors import ConfigError, TargetError, UsageError, describe
 from aprof._logging import logger
-from aprof.ray._hub import MAX_CALLS, Decision, Hub, Mail
+from aprof.ray._hub import MAX_CALLS, Call, Decision, Hub, Mail
 
 PULL_S = 10.0
 """The driver's pull of the hub's mail returns after this long without any."""
@@ -167,27 +167,33 @@ class _DriverLink:
                 self._log.warning("report not taken", process=name, error=describe(exc))
             if report.closed:
                 self._closed.add(name)
-        if not mail.captures:
+        if not mail.calls:
             return None
-        decisions = {number: self._decide(fields) for number, fields in mail.captures.items()}
+        decisions = {number: self._decide(call) for number, call in mail.calls.items()}
         try:  # not awaited: the pull goes on; a process that gave up meanwhile has its error
             return self.handle.hub.decided.remote(decisions)
         except Exception as exc:
             self._lost(exc)
             return None
 
-    def _decide(self, fields: dict[str, object]) -> Decision:
-        """The driver's decision on another process's capture request: the profiler's own,
-        as ``prof.capture(...)``; none once it closes (the steps have ended)."""
+    def _decide(self, call: Call) -> Decision:
+        """The driver's decision on another process's call: the profiler's own, as
+        ``prof.capture(...)``, ``prof.add_target(...)`` or ``prof.remove_target(...)``; none
+        once it closes (the steps have ended)."""
         if self._closing:
             return Decision(error="the driver's profiler is closing")
         try:
-            return Decision(answer=self.serving.capture(fields))
+            if call.op == "capture":
+                return Decision(answer=self.serving.capture(call.payload))
+            self.serving.change_target(call.op, call.payload)
+            return Decision(answer={})
         except ConfigError as exc:
             return Decision(malformed=(exc.key, exc.reason))
+        except (TargetError, TypeError) as exc:  # what add_target and remove_target refuse
+            return Decision(refused=str(exc))
         except Exception as exc:  # never into the pull: the others' mail goes on
-            self._log.warning("capture request not decided", error=describe(exc))
-            return Decision(error=f"the driver could not decide it: {describe(exc)}")
+            self._log.warning("call not carried out", op=call.op, error=describe(exc))
+            return Decision(error=f"the driver could not carry it out: {describe(exc)}")
 
     async def aclose(self) -> None:
         self._closing = True

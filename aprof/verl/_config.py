@@ -117,6 +117,7 @@ def map_verl(verl_cfg: object) -> tuple[ProfilerConfig, tuple[str, ...], tuple[s
         _map_tools(m)
         _map_schedule(m, tool)
         _map_rollout(m, tool)
+        _map_colocation(m)
         config = ProfilerConfig.model_validate(m.data)
         return config, _overrides(m, config, tool), tuple(m.warnings)
     except ValidationError as exc:
@@ -444,6 +445,19 @@ def _map_rollout(m: _VerlMap, tool: object) -> None:
     m.put("rollout.delay", delay, f"{window}.profile_token_start")
     # An unset end is kept as null: "until the step ends", not aprof's default of 8.
     m.put("rollout.forward_steps", forward_steps, end_path, keep_none=True)
+
+
+def _map_colocation(m: _VerlMap) -> None:
+    """verl's hybrid engine (0.9.1's only layout, its default) runs every role on the GPUs of
+    one pool, its rollout servers too: each role shares devices with every replica."""
+    path = "actor_rollout_ref.hybrid_engine"
+    hybrid = m.get(path)
+    if hybrid is not None and not isinstance(hybrid, bool):
+        raise ConfigError(path, f"expected true or false, got {show_value(hybrid)}")
+    roles = list(m.data.get("roles", {}))
+    if hybrid is False or not roles:
+        return
+    m.put("colocated", [{"role": role, "replicas": "all"} for role in roles], path)
 
 
 def _rollout_unprofiled(m: _VerlMap, tool: object) -> str | None:

@@ -10,7 +10,9 @@ and before verl's own stop (both do nothing once the plan's overrides turn verl'
 
 The trainer's calls into its worker groups (:data:`TRAINER_STAGES`: old log-probs, reference,
 values, critic and actor updates) run as ``prof.stage(...)`` on the driver's timeline, in every
-step, so ``aprof report`` counts them as training time. ``_update_actor``'s output carries the
+step, so ``aprof report`` counts them as training time; the step's first one follows its
+generation, and tells the profiler the rollout is over (``prof.rollout_ended()``: role
+captures held for it, ``colocated``, start). ``_update_actor``'s output carries the
 latest accounted step's figures (``aprof/rollout_s``, ``aprof/idle_s``, ``aprof/tail_s``, ...,
 :data:`METRICS`) in its ``meta_info["metrics"]``, which ``fit()`` reduces into the metrics it
 logs that step: they reach verl's own loggers (console, wandb, tensorboard) without a file.
@@ -129,6 +131,8 @@ class ProfiledTrainerMixin:
     aprof_profiler: BlockingProfiler | None = None
     """The driver's profiler, open; ``None``: the trainer runs as verl's own."""
     _aprof_step: AbstractContextManager[int] | None = None
+    _aprof_rollout_over = False
+    """The open step's rollout was said to be over (its first training stage began)."""
 
     def init_workers(self) -> None:
         """verl's, sharing ``aprof_profiler`` (set and open by then) with the agent loops."""
@@ -158,6 +162,7 @@ class ProfiledTrainerMixin:
             logger.warning("aprof step did not open", step=step, error=describe(exc))
             return
         self._aprof_step = entered
+        self._aprof_rollout_over = False
 
     def _stop_profiling(self, do_profile: bool, run_command: bool = False) -> None:
         try:
@@ -194,9 +199,17 @@ class ProfiledTrainerMixin:
         return output
 
     def _aprof_stage(self, method: str, batch: Any) -> Any:
-        """verl's ``method`` on ``batch``, as a stage on the driver's timeline."""
+        """verl's ``method`` on ``batch``, as a stage on the driver's timeline; the step's
+        first says its rollout is over."""
         run = getattr(super(), method)
-        with _stage(self.aprof_profiler, TRAINER_STAGES[method]):
+        prof = self.aprof_profiler
+        if prof is not None and self._aprof_step is not None and not self._aprof_rollout_over:
+            self._aprof_rollout_over = True
+            try:
+                prof.rollout_ended()
+            except Exception as exc:  # the observer never stops the trainer
+                logger.warning("aprof rollout end not told", error=describe(exc))
+        with _stage(prof, TRAINER_STAGES[method]):
             return run(batch)
 
     def _aprof_leave(self) -> None:

@@ -72,6 +72,9 @@ def test_a_profiled_run_maps_steps_ranks_and_the_rollout_window(path: Path) -> N
     assert (config.rollout.delay, config.rollout.forward_steps) == (2, None)  # end 0: no end
     assert f"{ROLLOUT}.tool_config.torch.profile_token_start=null" in plan.overrides
     assert not [w for w in plan.warnings if "unknown key" in w], plan.warnings
+    # verl's hybrid engine (its config's own hybrid_engine: true): every role on the
+    # rollout's GPUs.
+    assert [(c.role, c.replicas) for c in config.colocated] == [(r, "all") for r in config.roles]
 
 
 @pytest.mark.parametrize("path", TRAINERS[:1], ids=lambda p: p.name)

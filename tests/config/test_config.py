@@ -304,6 +304,13 @@ def test_top_level_must_be_a_mapping(source: object) -> None:
         ),
         ({"log": {"level": "loud"}}, "log.level", "expected one of"),
         ({"strict": "no"}, "strict", "expected true or false"),
+        ({"colocated": {"role": "actor"}}, "colocated", "expected a list"),
+        ({"colocated": [{"replicas": [0]}]}, "colocated[0].role", "required"),
+        ({"colocated": [{"role": "my actor"}]}, "colocated[0].role", "role names"),
+        ({"colocated": [{"role": "a", "replicas": [1, 1]}]}, "colocated[0].replicas[1]", "twice"),
+        ({"colocated": [{"role": "a", "exclusive": "yes"}]}, "colocated[0].exclusive", "true or"),
+        ({"colocated": [{"role": "a"}, {"role": "a"}]}, "colocated[1].role", "listed twice"),
+        ({"colocated": [{"role": "a", "devices": [0]}]}, "colocated[0].devices", "unknown key"),
     ],
 )
 def test_errors_name_key_and_reason(data: dict[str, Any], key: str, reason: str) -> None:

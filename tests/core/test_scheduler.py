@@ -544,7 +544,7 @@ async def test_manifest_on_disk_has_the_contract_keys(make_config: MakeConfig) -
     (window,) = step["windows"]
     assert set(window) == {
         "step", "target", "kind", "tool", "requested_by", "state", "stop_reason", "started_ns",
-        "stopped_ns", "forward_steps", "requests", "files", "error",
+        "stopped_ns", "forward_steps", "requests", "files", "error", "waited_for",
     }  # fmt: skip
     assert set(window["forward_steps"]) == {
         "delay", "requested", "observed", "enforced_by", "counted_from"

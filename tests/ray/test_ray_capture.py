@@ -1,5 +1,6 @@
 """On-demand capture asked from another Ray process: ``RemoteProfiler.capture`` goes through the
-hub to the driver, which decides it as its own ``prof.capture``; the answer comes back.
+hub to the driver, which decides it as its own ``prof.capture``; the answer comes back. Targets
+added and removed there (``add_target``, ``remove_target``) go the same way.
 
 The Ray tests run a driver profiler (async or blocking) shared with a Ray async actor on a
 real local cluster; the hub's rules for capture requests are also checked without Ray.
@@ -19,7 +20,7 @@ import aprof
 import aprof.ray
 from aprof._control import CaptureAnswer
 from aprof._core.sharing import RolloutView
-from aprof.ray._hub import Decision, Hub
+from aprof.ray._hub import Call, Decision, Hub
 from aprof.testing import RecordingTarget
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'aprof[ray]')")
@@ -52,6 +53,33 @@ class Asker:
 
 
 RemoteAsker = ray.remote(Asker)
+
+
+class Fleet:
+    """A process that runs servers for the driver: it adds and removes their targets."""
+
+    def __init__(self, handle: aprof.ray.ShareHandle) -> None:
+        self.remote = aprof.ray.connect(handle, role="fleet")
+
+    async def add(self, name: str, replica: int) -> None:
+        await self.remote.add_target(RecordingTarget(name, replica=replica))
+
+    async def remove(self, name: str) -> None:
+        await self.remote.remove_target(name)
+
+    async def failure(self, op: str, *args: Any) -> aprof.AprofError:
+        """The error ``add`` or ``remove`` raises here, in this process."""
+        try:
+            await getattr(self, op)(*args)
+        except aprof.AprofError as exc:
+            return exc
+        raise AssertionError(f"{op}{args} went through")
+
+    async def close(self) -> None:
+        await self.remote.aclose()
+
+
+RemoteFleet = ray.remote(Fleet)
 
 
 def _config(make_config: MakeConfig) -> aprof.ProfilerConfig:
@@ -116,6 +144,40 @@ async def test_a_remote_capture_is_decided_by_the_driver_and_captures_exactly_it
 
 
 @on_cluster
+async def test_a_remote_process_adds_and_removes_the_drivers_targets(
+    make_config: MakeConfig,
+) -> None:
+    """Targets come and go through a shared profiler as through the driver's own: one added
+    there takes part from the next step, one removed during its window ends it (``removed``),
+    and what the driver refuses (a name taken, a name unknown) is a ``TargetError`` there."""
+    cfg = make_config(
+        global_profiler={"steps": [1, 2]},
+        rollout={"replicas": "all", "start": "on_step", "forward_steps": None},
+        timeouts={"connect_s": 30},
+    )
+    async with asyncio.timeout(LIMIT_S), aprof.Profiler(cfg) as prof:
+        prof.add_target(RecordingTarget("replica_0", replica=0))
+        fleet = RemoteFleet.remote(aprof.ray.share(prof))
+        await fleet.add.remote("replica_1", 1)
+        async with prof.step(1):
+            await fleet.remove.remote("replica_0")  # during its window
+        taken = await fleet.failure.remote("add", "replica_1", 1)
+        unknown = await fleet.failure.remote("remove", "replica_9")
+        async with prof.step(2):
+            pass
+        await fleet.close.remote()
+    assert [(w.step, w.target, w.state, w.stop_reason) for w in prof.manifest.windows] == [
+        (1, "replica_0", "done", "removed"),
+        (1, "replica_1", "done", "step_end"),
+        (2, "replica_1", "done", "step_end"),
+    ]
+    assert isinstance(taken, aprof.TargetError)
+    assert str(taken) == "a target named 'replica_1' is already registered"
+    assert isinstance(unknown, aprof.TargetError)
+    assert str(unknown).startswith("no target named 'replica_9' is registered")
+
+
+@on_cluster
 def test_a_blocking_driver_decides_a_remote_capture(make_config: MakeConfig) -> None:
     target = RecordingTarget("replica_0", replica=0)
     with aprof.BlockingProfiler(_config(make_config)) as prof:
@@ -176,7 +238,7 @@ async def test_a_malformed_remote_capture_raises_config_error_in_its_process(
         await prof.flush()
         assert _answers(prof.save_path) == {}
         # The driver checks too (a request straight to the hub): its error comes back.
-        decision = await handle.hub.capture.remote({"next": 0})
+        decision = await handle.hub.call.remote(Call("capture", {"next": 0}))
         async with prof.step(1):
             pass
         await asker.close.remote()
@@ -236,36 +298,36 @@ def _hub() -> Hub:
 
 async def test_the_hub_hands_a_capture_to_the_driver_and_its_decision_back() -> None:
     hub = _hub()
-    asking = asyncio.create_task(hub.capture({"next": 2}))
+    asking = asyncio.create_task(hub.call(Call("capture", {"next": 2})))
     mail = await asyncio.wait_for(hub.pull(5.0), 5)  # returns as the request comes
-    assert list(mail.captures.values()) == [{"next": 2}]
-    (number,) = mail.captures
+    assert list(mail.calls.values()) == [("capture", {"next": 2})]
+    (number,) = mail.calls
     answer = {"accepted": True, "steps": [4, 5]}
     await hub.decided({number: Decision(answer=answer), number + 1: Decision(error="gone")})
     assert await asyncio.wait_for(asking, 5) == Decision(answer=answer)
-    assert (await hub.pull(0)).captures == {}
+    assert (await hub.pull(0)).calls == {}
 
 
 async def test_a_capture_the_driver_never_took_is_withdrawn() -> None:
     hub = _hub()
-    decision = await asyncio.wait_for(hub.capture({"next": 1}), 5)  # waits connect_s at most
+    decision = await asyncio.wait_for(hub.call(Call("capture", {"next": 1})), 5)  # connect_s
     assert decision.answer is None and decision.error is not None
-    assert "withdrawn, not decided" in decision.error
-    assert (await hub.pull(0)).captures == {}  # the driver will not decide it later
+    assert "withdrawn, not carried out" in decision.error
+    assert (await hub.pull(0)).calls == {}  # the driver will not decide it later
 
 
 async def test_a_capture_the_driver_took_and_did_not_answer_may_still_be_decided() -> None:
     hub = _hub()
-    asking = asyncio.create_task(hub.capture({"next": 1}))
+    asking = asyncio.create_task(hub.call(Call("capture", {"next": 1})))
     mail = await asyncio.wait_for(hub.pull(5.0), 5)
     decision = await asyncio.wait_for(asking, 5)  # waits connect_s at most
-    assert decision.error is not None and "may still be decided" in decision.error
-    await hub.decided({n: Decision(answer={}) for n in mail.captures})  # too late: dropped
+    assert decision.error is not None and "may still be carried out" in decision.error
+    await hub.decided({n: Decision(answer={}) for n in mail.calls})  # too late: dropped
 
 
 async def test_a_closing_driver_takes_no_capture() -> None:
     hub = _hub()
     await hub.publish(RolloutView(1, None, False, {}, closing=True))
-    decision = await asyncio.wait_for(hub.capture({"next": 1}), 5)
+    decision = await asyncio.wait_for(hub.call(Call("capture", {"next": 1})), 5)
     assert decision == Decision(error="the driver's profiler is closing")
-    assert (await hub.pull(0)).captures == {}
+    assert (await hub.pull(0)).calls == {}

@@ -376,3 +376,27 @@ def test_torch_memory_snapshot_num_steps_above_one_is_warned_about() -> None:
     with pytest.raises(ConfigError, match="python") as err:
         load(verl_cfg("torch_memory", **{key(f"{TORCH_MEMORY}.stacks"): "cpp"}))
     assert err.value.key == f"{TORCH_MEMORY}.stacks"
+
+
+@pytest.mark.parametrize("hybrid", [True, None])
+def test_the_hybrid_engine_colocates_every_role_with_every_replica(hybrid: bool | None) -> None:
+    """verl 0.9.1's hybrid engine (its default, and its only layout) runs every role on the
+    rollout servers' GPUs: ``colocated`` says so, exclusive by the tool (npu: yes)."""
+    changes: dict[str, Any] = {"actor_rollout_ref__hybrid_engine": hybrid}
+    changes[key("actor_rollout_ref.ref.profiler")] = {"enable": True}
+    cfg = verl_cfg("npu", **changes)
+    if hybrid is None:
+        del cfg["actor_rollout_ref"]["hybrid_engine"]
+    plan = load(cfg)
+    assert [(c.role, c.replicas, c.exclusive) for c in plan.config.colocated] == [
+        ("actor", "all", None),
+        ("ref", "all", None),
+    ]
+    assert plan.config.colocated[0].excludes(("npu", "npu"))
+    assert not load(verl_cfg("torch")).config.colocated[0].excludes(("torch", "torch"))
+
+
+def test_a_config_without_the_hybrid_engine_colocates_nothing() -> None:
+    assert load(verl_cfg(actor_rollout_ref__hybrid_engine=False)).config.colocated == []
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref\.hybrid_engine: expected true"):
+        load(verl_cfg(actor_rollout_ref__hybrid_engine="yes"))

@@ -104,6 +104,40 @@ def test_each_global_step_of_fit_is_an_aprof_step(make_config: MakeConfig) -> No
     ]
 
 
+def test_the_first_stage_after_generation_ends_the_rollout_for_colocated_roles(
+    make_config: MakeConfig,
+) -> None:
+    """verl's hybrid engine: the actor shares the rollout's GPUs (npu: exclusive). The step's
+    first trainer stage follows its generation: the mixin says the rollout is over there, so
+    the held actor capture starts, after the rollout capture has stopped."""
+    trainer = Trainer()
+    cfg = make_config(
+        global_profiler={"steps": [1], "tool": "npu"},
+        roles={"actor": {"enable": True}},
+        rollout={"forward_steps": None, "start": "on_step"},
+        colocated=[{"role": "actor"}],
+    )
+    actor = RecordingTarget("actor", kind="role")
+    replica = RecordingTarget("replica_0", replica=0)
+    with aprof.BlockingProfiler(cfg) as prof:
+        prof.add_target(actor)
+        prof.add_target(replica)
+        trainer.aprof_profiler = prof
+        trainer.fit(1)
+    assert_windows(
+        prof.manifest,
+        [
+            {"step": 1, "target": "replica_0", "state": "done", "stop_reason": "rollout_end"},
+            {"step": 1, "target": "actor", "state": "done", "stop_reason": "step_end"},
+        ],
+    )
+    (held,) = [w for w in prof.manifest.windows if w.target == "actor"]
+    (served,) = [w for w in prof.manifest.windows if w.target == "replica_0"]
+    assert held.waited_for is not None and held.waited_for.targets == ["replica_0"]
+    assert served.stopped_ns is not None and held.started_ns is not None
+    assert served.stopped_ns <= held.started_ns
+
+
 def test_a_step_that_raised_is_closed_when_the_next_begins(make_config: MakeConfig) -> None:
     trainer = Trainer()
     with aprof.BlockingProfiler(
