@@ -19,10 +19,13 @@ import stat
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Final
+
+import msgspec
 
 from aprof._safe_files import create_exclusive, exists, open_folder
 from aprof._traces.iterations import SGLANG_STEP, VLLM_ITERATION
-from aprof._traces.stream import open_trace
+from aprof._traces.stream import Fields, open_trace
 
 TRACE_SUFFIXES = (".pt.trace.json.gz", ".pt.trace.json", ".profiler_out.txt")
 """The file names vLLM gives a capture's traces (torch traces and the summary table)."""
@@ -205,20 +208,28 @@ advises traces under ~100 MB); a larger one counts as unreadable and the counter
 instead. Read event by event: memory does not grow with it."""
 
 
+class _Named(msgspec.Struct):
+    """The keys of a trace event the counters read (the others are skipped unread)."""
+
+    cat: object = None
+    name: object = None
+
+
+_NAMED: Final = Fields(_Named)
+
+
 def _annotations(path: str | os.PathLike[str], limit: int, matches: Callable[[str], object]) -> int:
     """The CPU-side user annotations (``record_function`` ranges) whose name ``matches`` in a
     Chrome trace (``.json`` or ``.json.gz``), reading at most ``limit`` bytes of its JSON.
     Raises ``ValueError`` for a larger file or one that is not a trace, and what reading
     raises (``OSError``, ``EOFError``, ``zlib.error``), also for a file cut short."""
     count = 0
-    with open_trace(path) as trace:
+    with open_trace(path, _NAMED) as trace:
         for batch in trace.batches():
             if trace.json_bytes > limit:
                 raise ValueError(f"{path}: more than {limit} bytes of trace JSON")
             count += sum(
-                1
-                for event in batch
-                if event.get("cat") == "user_annotation" and matches(str(event.get("name")))
+                1 for event in batch if event.cat == "user_annotation" and matches(str(event.name))
             )
         if trace.stopped is not None:
             raise trace.stopped

@@ -4,7 +4,7 @@ per-rank traces as Holistic Trace Analysis reads them.
 - ``step_trace.py``: :func:`merge`, one step's inputs placed on one wall clock, written as one
   trace;
 - ``placing.py``: one input placed on the merged clock, batch by batch;
-- ``parallel.py``: a step's captures placed by worker processes (``__main__.py``: a worker);
+- ``parallel.py``: a step's captures placed by worker processes;
 - ``gzip_stream.py``: the merged file's gzip stream, made of parts compressed apart;
 - ``flows.py``: flow arrows from each request span to the forward steps that served it;
 - ``archive.py``: the Perfetto trace archive beside each merged step;

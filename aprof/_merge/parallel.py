@@ -8,12 +8,14 @@ reaches it, and removes. So a worker that starts late, or never, costs no waitin
 process has placed what the worker did not take. Numbers an input gets depend on its place
 alone (``placing.py``): the merged file holds the same text whoever placed what.
 
-A worker is a ``python -m aprof._merge`` process that says it is ready with a line on its
+A worker is a Python process (:data:`_WORKER`) that says it is ready with a line on its
 standard output, then reads one task per line on its standard input and answers each with a
 line; :class:`Workers` starts them at once and, for each step, serves each from a thread of
-its own. Not ``multiprocessing``: its workers would run the caller's main module again when
-it has no ``if __name__ == "__main__"`` guard. A worker that fails, or dies, costs nothing but
-time: the merging process places that input itself.
+its own. It imports only the modules that place an input: the packages around them are empty
+shells, so their ``__init__`` (all of aprof, half a second) does not run, and a worker is
+ready in about a tenth of a second. Not ``multiprocessing``: its workers would run the
+caller's main module again when it has no ``if __name__ == "__main__"`` guard. A worker that
+fails, or dies, costs nothing but time: the merging process places that input itself.
 """
 
 from __future__ import annotations
@@ -40,8 +42,19 @@ from aprof._traces.stream import blocks
 
 WORTH_BYTES: Final = 4 << 20
 """Captures of a step (on disk, gzip: ten to twenty times as much JSON) below which no worker
-is started: the merging process is done before one would be ready (each takes about half a
-second to import aprof)."""
+is started: the merging process is done before one would be ready and has taken a share."""
+_SHELLS: Final = ("aprof", "aprof._merge", "aprof._otel", "aprof._timeline")
+"""Packages on the way to the placing modules whose ``__init__`` imports far more."""
+_WORKER: Final = (
+    # Isolated (-I): nothing of the working folder or the environment's Python paths shadows
+    # a module; the shells' paths come from this process's own files.
+    "import sys, types\n"
+    f"for name, path in zip({_SHELLS!r}, sys.argv[1:]):\n"
+    "    sys.modules[name] = package = types.ModuleType(name)\n"
+    "    package.__path__ = [path]\n"
+    "from aprof._merge.parallel import serve\n"
+    "serve()\n"
+)
 READY: Final = "ready"
 """A worker's first line: it has imported what it needs and takes tasks."""
 _EXIT_S: Final = 30.0
@@ -117,7 +130,7 @@ class Workers:
         for _ in range(count):
             try:
                 process = subprocess.Popen(
-                    [sys.executable, "-m", "aprof._merge"],
+                    [sys.executable, "-I", "-c", _WORKER, *_shell_paths()],
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     text=True,
@@ -177,6 +190,11 @@ class Workers:
                     if process.poll() is not None or isinstance(exc, OSError):
                         worker.ready = False  # gone: it takes nothing more
                         return
+
+
+def _shell_paths() -> list[str]:
+    """Where each of :data:`_SHELLS` is, as this process imported it."""
+    return [os.path.dirname(os.path.abspath(sys.modules[name].__file__ or "")) for name in _SHELLS]
 
 
 def serve() -> None:

@@ -23,7 +23,7 @@ import orjson
 from aprof._merge.archive import ArchiveFile
 from aprof._merge.flows import ForwardStep, Links, ServerTrace
 from aprof._traces.files import sglang_ranks, unreadable
-from aprof._traces.stream import open_trace_below
+from aprof._traces.stream import DICTS, open_trace_below
 
 PIDS_PER_SCOPE: Final = 10_000
 """Pids an input (all parts of one timeline together) may name; events of more are left out."""
@@ -89,7 +89,7 @@ def place(
     result = Placed()
     placer: _Placer | None = None
     try:
-        with open_trace_below(root, item.path) as trace:
+        with open_trace_below(root, item.path, DICTS) as trace:
             clock = trace.clock_ns
             label = item.label
             if item.server:

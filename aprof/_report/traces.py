@@ -11,7 +11,9 @@ from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Final, TypeVar
+
+import msgspec
 
 from aprof._manifest import Manifest, WindowRecord
 from aprof._report import clock as _report_clock
@@ -19,9 +21,25 @@ from aprof._report.clock import US, interval, number
 from aprof._report.model import Interval
 from aprof._traces.files import is_trace_json, unreadable, without_merged_copy
 from aprof._traces.iterations import Dialect, iteration_dialect
-from aprof._traces.stream import open_trace_below
+from aprof._traces.stream import Fields, open_trace_below
 
 _T = TypeVar("_T")
+
+
+class Annotation(msgspec.Struct):
+    """The keys of a trace event the report reads (the others, ``args`` above all, are
+    skipped unread: three times as fast as reading whole events)."""
+
+    ph: object = None
+    cat: object = None
+    name: object = None
+    ts: object = None
+    dur: object = None
+    pid: object = None
+    tid: object = None
+
+
+_ANNOTATIONS: Final = Fields(Annotation)
 
 
 def role_files(window: WindowRecord) -> list[tuple[int | None, str]]:
@@ -39,14 +57,14 @@ def read_or_note(
     root: Path,
     path: str,
     problems: list[tuple[int, str]],
-    take: Callable[[Iterable[Any], int | None], _T],
+    take: Callable[[Iterable[Annotation], int | None], _T],
 ) -> _T | None:
     """``take`` of the trace's events at ``path`` (read as they are taken, never held) and of
     its time base (the wall-clock ns its ``ts`` 0 stands for; ``None`` when it is on no known
     clock); ``None``, with a problem, when it cannot be read. A trace cut short gives what
     came before the cut, with a problem."""
     try:
-        with open_trace_below(root, path) as trace:
+        with open_trace_below(root, path, _ANNOTATIONS) as trace:
             try:
                 base: int | None = trace.clock_ns
             except ValueError:
@@ -86,20 +104,16 @@ def iterations(root: Path, window: WindowRecord, problems: list[tuple[int, str]]
 
 
 def _annotations(
-    events: Iterable[Any],
-) -> Iterable[tuple[str, float | None, float, dict[str, Any]]]:
+    events: Iterable[Annotation],
+) -> Iterable[tuple[str, float | None, float, Annotation]]:
     """The name, ``ts`` (µs; ``None`` when it is no number) and duration (µs) of each
     CPU-side ``record_function`` range of a trace, with the event."""
     for event in events:
-        if (
-            isinstance(event, dict)
-            and event.get("ph") == "X"
-            and event.get("cat") == "user_annotation"
-            and isinstance(event.get("name"), str)
-        ):
-            dur = number(event.get("dur"))
+        name = event.name
+        if event.ph == "X" and event.cat == "user_annotation" and isinstance(name, str):
+            dur = number(event.dur)
             if dur is not None and dur >= 0:
-                yield event["name"], number(event.get("ts")), dur, event
+                yield name, number(event.ts), dur, event
 
 
 def _placed(base_ns: int | None, ts: float | None, dur: float, label: str) -> Interval | None:
@@ -108,7 +122,7 @@ def _placed(base_ns: int | None, ts: float | None, dur: float, label: str) -> In
     return interval(base_ns, ts, dur, label)
 
 
-def _iteration_durations(events: Iterable[Any], base_ns: int | None) -> _Found:
+def _iteration_durations(events: Iterable[Annotation], base_ns: int | None) -> _Found:
     by_dialect: dict[Dialect, _Found] = {}
     for name, ts, dur, _ in _annotations(events):
         dialect = iteration_dialect(name)
@@ -136,7 +150,7 @@ def _earliest(items: list[Interval]) -> None:
 
 
 def stages(
-    events: Iterable[Any], base_ns: int | None, names: set[str]
+    events: Iterable[Annotation], base_ns: int | None, names: set[str]
 ) -> tuple[dict[str, list[float]], list[Interval], int]:
     """The durations (s) of each stage's ranges, and as intervals the stage ranges, else (none
     in this trace) the top-level ranges: the earliest ``TIMELINE_ITEMS``, and how many there
@@ -151,7 +165,7 @@ def stages(
             if item is not None:
                 ranges.append(item)
         elif ts is not None and base_ns is not None:
-            top.append(((event.get("pid"), event.get("tid")), ts, dur, name))
+            top.append(((event.pid, event.tid), ts, dur, name))
     if not ranges:
         top.sort(key=lambda t: (str(t[0]), t[1], -t[2]))
         ends: dict[str, float] = {}

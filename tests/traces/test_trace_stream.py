@@ -13,12 +13,13 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aprof._traces import stream as _trace_stream
-from aprof._traces.stream import open_trace, open_trace_below
+from aprof._traces.stream import DICTS, Fields, open_trace, open_trace_below
 
 SCALARS = (
     st.none()
@@ -42,7 +43,7 @@ EVENTS = st.lists(
 
 
 def _events(path: Path) -> tuple[list[dict[str, Any]], Any]:
-    with open_trace(path) as trace:
+    with open_trace(path, DICTS) as trace:
         events = [e for batch in trace.batches() for e in batch]
         return events, trace
 
@@ -91,8 +92,57 @@ def test_read_event_by_event_it_gives_what_json_load_gives(
     assert trace.skipped == len(expected["traceEvents"]) - len(got)
     assert trace.stopped is None
     assert trace.prelude == before
-    with open_trace(path) as again:
+    with open_trace(path, DICTS) as again:
         assert again.epilogue() == after
+
+
+class _Some(msgspec.Struct):
+    """The keys a reader of a few of each event's keys takes."""
+
+    ph: object = None
+    name: object = None
+    ts: object = None
+
+
+@settings(max_examples=100, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(events=EVENTS, indent=st.sampled_from([None, 2]), small=st.booleans())
+def test_a_few_keys_of_each_event_are_what_the_whole_events_hold(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    events: list[Any],
+    indent: int | None,
+    small: bool,
+) -> None:
+    """``Fields`` (msgspec, the other keys skipped unread) against whole events (orjson and the
+    standard library): the same events, the same values of the keys it takes, the same items
+    skipped, whatever the fallbacks taken."""
+    if small:
+        monkeypatch.setattr(_trace_stream, "BATCH", 64)
+        monkeypatch.setattr(_trace_stream, "CHUNK", 16)
+    path = tmp_path / "t.json"
+    _write(path, json.dumps({"traceEvents": events}, indent=indent))
+    whole, trace = _events(path)
+    with open_trace(path, Fields(_Some)) as some:
+        got = [e for batch in some.batches() for e in batch]
+        assert some.skipped == trace.skipped and some.stopped is None
+    assert [(e.ph, e.name, e.ts) for e in got] == [
+        (e.get("ph"), e.get("name"), e.get("ts")) for e in whole
+    ]
+
+
+def test_a_few_keys_of_values_only_the_standard_library_reads(tmp_path: Path) -> None:
+    path = tmp_path / "a.json"
+    path.write_text(
+        '{"traceEvents":[{"ph":"X","ts":NaN,"args":{"k":1}},{"ts":123456789012345678901234567890},'
+        '{"name":"\\ud800","ts":1e999},5,{"name":"},{"}]}'
+    )
+    with open_trace(path, Fields(_Some)) as trace:
+        got = [e for batch in trace.batches() for e in batch]
+        assert trace.skipped == 1 and trace.stopped is None
+    assert math.isnan(got[0].ts) and got[0].ph == "X"
+    assert got[1].ts == 123456789012345678901234567890
+    assert got[2].name == "\ud800" and got[2].ts == math.inf  # a lone surrogate
+    assert got[3].name == "},{"
 
 
 def test_the_array_form_and_values_orjson_refuses(tmp_path: Path) -> None:
@@ -134,11 +184,11 @@ def test_the_clock_before_the_events_after_them_or_since_the_epoch(tmp_path: Pat
         ('{"traceEvents":[{"ph":"M"},{"ts":1.7e15}]}', 0),
     ):
         path.write_text(text)
-        with open_trace(path) as trace:
+        with open_trace(path, DICTS) as trace:
             assert trace.clock_ns == clock
             assert [e for b in trace.batches() for e in b][-1]["ts"] in (1, 1.7e15)
     path.write_text('{"traceEvents":[{"ts":12}]}')
-    with open_trace(path) as trace, pytest.raises(ValueError, match="on no known clock"):
+    with open_trace(path, DICTS) as trace, pytest.raises(ValueError, match="on no known clock"):
         _ = trace.clock_ns
 
 
@@ -150,7 +200,7 @@ def test_what_is_no_trace_is_said(tmp_path: Path) -> None:
         ('{"traceEvents":3}', "no list"),
     ):
         path.write_text(text)
-        with pytest.raises(ValueError, match=error), open_trace(path):
+        with pytest.raises(ValueError, match=error), open_trace(path, DICTS):
             pass
     corrupt = tmp_path / "t.json.gz"
     corrupt.write_bytes(b"\x1f\x8b\x08\x00garbage" * 10)
@@ -160,7 +210,7 @@ def test_what_is_no_trace_is_said(tmp_path: Path) -> None:
 
 def _events_or(path: Path) -> tuple[list[Any], BaseException | None]:
     try:
-        with open_trace(path) as trace:
+        with open_trace(path, DICTS) as trace:
             return [e for b in trace.batches() for e in b], trace.stopped
     except (ValueError, zlib.error, EOFError) as exc:
         return [], exc
@@ -170,8 +220,8 @@ def test_below_a_root_no_link_is_followed(tmp_path: Path) -> None:
     (tmp_path / "real").mkdir()
     (tmp_path / "real" / "t.json").write_text('{"traceEvents":[]}')
     os.symlink(tmp_path / "real", tmp_path / "link")
-    with open_trace_below(tmp_path, "real/t.json") as trace:
+    with open_trace_below(tmp_path, "real/t.json", DICTS) as trace:
         assert list(trace.batches()) == []
     for path in ("link/t.json", "../t.json", "/etc/passwd"):
-        with pytest.raises(OSError), open_trace_below(tmp_path, path):
+        with pytest.raises(OSError), open_trace_below(tmp_path, path, DICTS):
             pass
