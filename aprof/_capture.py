@@ -33,6 +33,8 @@ class Window:
     root: Path | None = None
     """``save_path``, where ``dir`` lies: a target that writes there itself opens ``dir``
     from it without following a link below it (``None``: ``dir`` as it is)."""
+    replica: int | None = None
+    """The replica of a rollout window (``None`` for a role window)."""
 
 
 @dataclass(frozen=True, slots=True)

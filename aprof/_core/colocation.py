@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from aprof._config import ColocatedConfig, ProfilerConfig
 from aprof._core.target_machine import TargetMachine
-from aprof._core.targets import Targets, role_of, rollout_replica, tool_of
+from aprof._core.targets import Targets, role_of, tool_of
 from aprof._core.window import Phase, WindowRun
 from aprof._core.windows import Windows, wait
 from aprof._manifest import StopReason
@@ -66,7 +66,7 @@ class Colocation:
         self._windows = windows
         self._steps: dict[int, _Rollout] = {}
         """The rollout of each step a held role window waits on (the open step's)."""
-        self._holding: dict[str, WindowRun] = {}
+        self._holding: dict[str, tuple[Hold, WindowRun]] = {}
         """Role windows past their hold, by target, until their capture has stopped."""
         self._changed = asyncio.Event()
         """Set, and replaced, when a step's rollout moves on."""
@@ -82,22 +82,16 @@ class Colocation:
 
     def blocked(self, replica: int) -> str | None:
         """Why a window of ``replica`` may not open now: a role capture on its devices runs."""
-        for name, run in list(self._holding.items()):
+        for name, (hold, run) in list(self._holding.items()):
             if run.released.is_set() or run.phase.final:
                 del self._holding[name]  # its capture has stopped
-                continue
-            machine = self._targets.by_name.get(name)
-            if machine is None:
-                continue
-            entry = self._config.colocated_with(role_of(machine.target))
-            if entry is None or not self._excludes(machine, entry, replica):
-                continue
-            return f"the capture of {name} (colocated) runs on replica {replica}'s devices"
+            elif self._excludes(hold.machine, hold.entry, replica):
+                return f"the capture of {name} (colocated) runs on replica {replica}'s devices"
         return None
 
     def moved(self, run: WindowRun) -> None:
         """A window ended: a step's rollout on a replica may be over."""
-        replica = self._replica_of(run)
+        replica = run.window.replica
         rollout = self._steps.get(run.window.step)
         if replica is not None and rollout is not None:
             rollout.ended.add(replica)
@@ -130,14 +124,19 @@ class Colocation:
                 f"the step ended before its rollout on replica(s) {shown} did, which shares "
                 f"{name}'s devices (prof.rollout_ended() says when it ends)",
             )
-        self._holding[name] = run
+        self._holding[name] = (hold, run)
         running = [
             other
             for other in list(self._windows.live.values())
-            if (replica := self._replica_of(other)) is not None
-            and self._excludes(hold.machine, hold.entry, replica)
+            if (replica := other.window.replica) is not None
+            # The window's own tool: its target may have been removed while it stops.
+            and self._excludes(hold.machine, hold.entry, replica, other.record.tool)
         ]
-        stops = {self._windows.close(other, "colocated") for other in running}
+        stops = {
+            # One asked to stop before (its target removed, say) has its stop under way.
+            other.stop_task or self._windows.close(other, "colocated")
+            for other in running
+        }
         await wait(stops, self._windows.bound())
         waited = sorted({other.window.target for other in running} | {self._name(r) for r in due})
         if waited:
@@ -159,18 +158,22 @@ class Colocation:
             return asked, f"ended ({asked}) before the captures on its devices had stopped"
         return None
 
-    def _excludes(self, machine: TargetMachine, entry: ColocatedConfig, replica: int) -> bool:
-        """A capture of ``machine``'s role and one of ``replica`` may not run at once."""
-        rollout = self._targets.by_replica.get(replica)
-        if rollout is None or not entry.holds(replica):
-            return False
+    def _excludes(
+        self,
+        machine: TargetMachine,
+        entry: ColocatedConfig,
+        replica: int,
+        tool: str | None = None,
+    ) -> bool:
+        """A capture of ``machine``'s role and one of ``replica`` by ``tool`` (by default: its
+        target's) may not run at once."""
         default = self._config.global_profiler.tool
-        return entry.excludes((tool_of(machine.target, default), tool_of(rollout.target, default)))
-
-    def _replica_of(self, run: WindowRun) -> int | None:
-        """The replica of a rollout window whose target is registered."""
-        machine = self._targets.by_name.get(run.window.target)
-        return None if machine is None else rollout_replica(machine.target)
+        if tool is None:
+            rollout = self._targets.by_replica.get(replica)
+            if rollout is None:
+                return False
+            tool = tool_of(rollout.target, default)
+        return entry.holds(replica) and entry.excludes((tool_of(machine.target, default), tool))
 
     def _name(self, replica: int) -> str:
         rollout = self._targets.by_replica.get(replica)

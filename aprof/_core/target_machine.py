@@ -104,7 +104,12 @@ class TargetMachine:
                     run.end(Phase.SKIPPED, "window ended before the previous stop finished")
                     return
             if gate is not None:
-                refused = await gate(run)
+                try:
+                    refused = await gate(run)
+                except Exception as exc:  # a failing gate costs its window only
+                    if not run.phase.final:
+                        self._fail_start(run, Phase.FAILED, f"start failed: {describe(exc)}")
+                    return
                 if run.phase.final:  # the profiler closed without it
                     return
                 if refused is not None:

@@ -107,6 +107,7 @@ class Windows:
             dir=folder,
             prefix=safe_name(f"{target.name}-step{step}-{self._run_id}"),
             root=self._layout.root,
+            replica=target.replica if target.kind == "rollout" else None,
         )
         record = WindowRecord(
             step=step,

@@ -225,6 +225,30 @@ async def test_the_step_ending_before_its_rollout_skips_the_held_role_capture(
     assert note.startswith("the step ended before its rollout on replica(s) 0, 1 did")
 
 
+async def test_a_capture_whose_target_was_removed_is_waited_for_while_it_stops(
+    tmp_path: Path,
+) -> None:
+    """Replica 0's target is removed mid-capture and its stop hangs: the role capture still
+    waits for it (its capture may still run on the devices), and is skipped when it does not
+    stop."""
+    device = Device()
+    actor, replicas = targets(device, hang_stop=True)
+    cfg = config(tmp_path, timeouts={"stop_s": 0.2})
+    async with aprof.Profiler(cfg) as prof:
+        for t in (actor, *replicas):
+            prof.add_target(t)
+        async with prof.step(1):
+            async with prof.request(replica=0):
+                pass
+            prof.remove_target("replica_0")
+            prof.rollout_ended()
+            await replicas[0].wait_calls("stop")  # its stop hangs; the step goes on
+    assert device.overlaps == [] and actor.starts == []
+    role = window(prof, 1, "actor")
+    assert (role.state, role.stop_reason) == ("skipped", "colocated")
+    assert role.waited_for is not None and "replica_0" in role.waited_for.targets
+
+
 async def test_a_held_role_target_removed_is_skipped_as_removed(tmp_path: Path) -> None:
     device = Device()
     actor, replicas = targets(device)
