@@ -6,6 +6,8 @@ wait. The targets record, on one shared device, which captures run on it at each
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +73,20 @@ def targets(device: Device, **replica: Any) -> tuple[OnDevice, list[OnDevice]]:
     return actor, replicas
 
 
+@contextlib.asynccontextmanager
+async def profiled(
+    cfg: dict[str, Any], **replica: Any
+) -> AsyncIterator[tuple[aprof.Profiler, Device, OnDevice, list[OnDevice]]]:
+    """An open profiler with the actor and two replicas (made with ``replica``) on one device:
+    the profiler, the device and the targets."""
+    device = Device()
+    actor, replicas = targets(device, **replica)
+    async with aprof.Profiler(cfg) as prof:
+        for target in (actor, *replicas):
+            prof.add_target(target)
+        yield prof, device, actor, replicas
+
+
 def window(prof: aprof.Profiler, step: int, target: str) -> aprof.WindowRecord:
     (found,) = [w for w in prof.manifest.windows if (w.step, w.target) == (step, target)]
     return found
@@ -81,20 +97,15 @@ def window(prof: aprof.Profiler, step: int, target: str) -> aprof.WindowRecord:
 async def test_the_role_capture_starts_once_the_steps_rollout_has_stopped(
     tmp_path: Path, start: str, discrete: bool
 ) -> None:
-    device = Device()
-    actor, replicas = targets(device)
     cfg = config(tmp_path, discrete=discrete, rollout={"start": start})
-    async with aprof.Profiler(cfg) as prof:
-        for t in (actor, *replicas):
-            prof.add_target(t)
-        async with prof.step(1):
-            assert actor.starts == []  # held: the step's rollout on its devices goes first
-            for r, target in enumerate(replicas):
-                async with prof.request(replica=r):
-                    target.advance(2)  # its window ends by itself after 2 forward steps
-            for target in replicas:
-                await target.wait_calls("stop")
-            await actor.wait_calls("start")
+    async with profiled(cfg) as (prof, device, actor, replicas), prof.step(1):
+        assert actor.starts == []  # held: the step's rollout on its devices goes first
+        for r, target in enumerate(replicas):
+            async with prof.request(replica=r):
+                target.advance(2)  # its window ends by itself after 2 forward steps
+        for target in replicas:
+            await target.wait_calls("stop")
+        await actor.wait_calls("start")
     assert device.overlaps == []
     assert device.starts == ["replica_0", "replica_1", "actor"] or (
         start == "on_step" and sorted(device.starts[:2]) == ["replica_0", "replica_1"]
@@ -107,12 +118,8 @@ async def test_the_role_capture_starts_once_the_steps_rollout_has_stopped(
 
 
 async def test_rollout_ended_ends_the_rollout_and_lets_the_role_start(tmp_path: Path) -> None:
-    device = Device()
-    actor, replicas = targets(device)
     cfg = config(tmp_path, rollout={"forward_steps": None})
-    async with aprof.Profiler(cfg) as prof:
-        for t in (actor, *replicas):
-            prof.add_target(t)
+    async with profiled(cfg) as (prof, device, actor, _replicas):
         async with prof.step(1):
             async with prof.request(replica=0):
                 pass
@@ -137,12 +144,8 @@ async def test_a_rollout_window_opening_on_a_running_role_capture_is_skipped(
 ) -> None:
     """A continuous role window holds its devices across its steps: step 2's rollout on them
     is skipped at once, its requests ungated."""
-    device = Device()
-    actor, replicas = targets(device)
     cfg = config(tmp_path, global_profiler={"continuous": True})
-    async with aprof.Profiler(cfg) as prof:
-        for t in (actor, *replicas):
-            prof.add_target(t)
+    async with profiled(cfg) as (prof, device, actor, replicas):
         async with prof.step(1):
             prof.rollout_ended()
             await actor.wait_calls("start")
@@ -163,17 +166,12 @@ async def test_a_rollout_window_opening_on_a_running_role_capture_is_skipped(
 async def test_a_rollout_stop_that_hangs_skips_the_role_capture_not_the_step(
     tmp_path: Path,
 ) -> None:
-    device = Device()
-    actor, replicas = targets(device, hang_stop=True)
     cfg = config(tmp_path, timeouts={"stop_s": 0.2, "start_s": 0.2})
-    async with aprof.Profiler(cfg) as prof:
-        for t in (actor, *replicas):
-            prof.add_target(t)
-        async with prof.step(1):
-            async with prof.request(replica=0):
-                pass
-            prof.rollout_ended()
-            await replicas[0].wait_calls("stop")
+    async with profiled(cfg, hang_stop=True) as (prof, device, actor, replicas), prof.step(1):
+        async with prof.request(replica=0):
+            pass
+        prof.rollout_ended()
+        await replicas[0].wait_calls("stop")
     assert actor.starts == [] and device.overlaps == []
     hung = window(prof, 1, "replica_0")
     assert hung.state == "timeout"
@@ -188,12 +186,8 @@ async def test_a_capture_of_an_earlier_step_still_stopping_is_waited_for(tmp_pat
     """Step 1's rollout capture is still stopping (its stop hangs) when step 2 begins: step 2's
     role capture, whose step captures no replica, waits for that stop, which times out, so the
     role capture is skipped: it never starts beside a capture that may still run."""
-    device = Device()
-    actor, replicas = targets(device, hang_stop=True)
     cfg = config(tmp_path, global_profiler={"steps": []}, timeouts={"stop_s": 0.2})
-    async with aprof.Profiler(cfg) as prof:
-        for t in (actor, *replicas):
-            prof.add_target(t)
+    async with profiled(cfg, hang_stop=True) as (prof, device, actor, _replicas):
         prof.capture(steps=[1], replicas=[0])
         async with prof.step(1), prof.request(replica=0):
             pass
@@ -210,14 +204,13 @@ async def test_a_capture_of_an_earlier_step_still_stopping_is_waited_for(tmp_pat
 async def test_the_step_ending_before_its_rollout_skips_the_held_role_capture(
     tmp_path: Path,
 ) -> None:
-    device = Device()
-    actor, replicas = targets(device)
     cfg = config(tmp_path, rollout={"forward_steps": None})
-    async with aprof.Profiler(cfg) as prof:
-        for t in (actor, *replicas):
-            prof.add_target(t)
-        async with prof.step(1), prof.request(replica=0):
-            pass
+    async with (
+        profiled(cfg) as (prof, device, actor, _replicas),
+        prof.step(1),
+        prof.request(replica=0),
+    ):
+        pass
     assert actor.starts == [] and device.overlaps == []
     role = window(prof, 1, "actor")
     assert (role.state, role.stop_reason) == ("skipped", "step_end")
@@ -231,18 +224,13 @@ async def test_a_capture_whose_target_was_removed_is_waited_for_while_it_stops(
     """Replica 0's target is removed mid-capture and its stop hangs: the role capture still
     waits for it (its capture may still run on the devices), and is skipped when it does not
     stop."""
-    device = Device()
-    actor, replicas = targets(device, hang_stop=True)
     cfg = config(tmp_path, timeouts={"stop_s": 0.2})
-    async with aprof.Profiler(cfg) as prof:
-        for t in (actor, *replicas):
-            prof.add_target(t)
-        async with prof.step(1):
-            async with prof.request(replica=0):
-                pass
-            prof.remove_target("replica_0")
-            prof.rollout_ended()
-            await replicas[0].wait_calls("stop")  # its stop hangs; the step goes on
+    async with profiled(cfg, hang_stop=True) as (prof, device, actor, replicas), prof.step(1):
+        async with prof.request(replica=0):
+            pass
+        prof.remove_target("replica_0")
+        prof.rollout_ended()
+        await replicas[0].wait_calls("stop")  # its stop hangs; the step goes on
     assert device.overlaps == [] and actor.starts == []
     role = window(prof, 1, "actor")
     assert (role.state, role.stop_reason) == ("skipped", "colocated")
@@ -250,16 +238,11 @@ async def test_a_capture_whose_target_was_removed_is_waited_for_while_it_stops(
 
 
 async def test_a_held_role_target_removed_is_skipped_as_removed(tmp_path: Path) -> None:
-    device = Device()
-    actor, replicas = targets(device)
-    async with aprof.Profiler(config(tmp_path)) as prof:
-        for t in (actor, *replicas):
-            prof.add_target(t)
-        async with prof.step(1):
-            async with prof.request(replica=0):
-                pass
-            prof.remove_target("actor")
-            prof.rollout_ended()
+    async with profiled(config(tmp_path)) as (prof, device, actor, _replicas), prof.step(1):
+        async with prof.request(replica=0):
+            pass
+        prof.remove_target("actor")
+        prof.rollout_ended()
     assert actor.calls == [] and device.overlaps == []
     role = window(prof, 1, "actor")
     assert (role.state, role.stop_reason) == ("skipped", "removed")
@@ -269,17 +252,12 @@ async def test_a_held_role_target_removed_is_skipped_as_removed(tmp_path: Path) 
 async def test_captures_allowed_to_share_devices_do_not_wait(
     tmp_path: Path, tool: str, exclusive: bool | None
 ) -> None:
-    device = Device()
-    actor, replicas = targets(device)
     cfg = config(tmp_path, tool=tool)
     cfg["colocated"][0]["exclusive"] = exclusive
-    async with aprof.Profiler(cfg) as prof:
-        for t in (actor, *replicas):
-            prof.add_target(t)
-        async with prof.step(1):
-            assert [w.step for w in actor.starts] == [1]  # the step waited for it, as always
-            async with prof.request(replica=0) as req:
-                assert req.captured
+    async with profiled(cfg) as (prof, device, actor, _replicas), prof.step(1):
+        assert [w.step for w in actor.starts] == [1]  # the step waited for it, as always
+        async with prof.request(replica=0) as req:
+            assert req.captured
     assert device.overlaps == [("replica_0", ["actor"])]
     assert window(prof, 1, "actor").waited_for is None
 
@@ -315,17 +293,13 @@ def test_no_two_exclusive_captures_ever_share_the_device(
     save = tmp_path_factory.mktemp("colocated")
 
     async def run() -> aprof.Profiler:
-        device = Device()
-        actor, replicas = targets(device)
         cfg = config(
             save,
             discrete=discrete,
             rollout={"start": start, "forward_steps": forward},
             global_profiler={"steps": list(range(1, len(steps) + 1)), "continuous": continuous},
         )
-        async with aprof.Profiler(cfg) as prof:
-            for t in (actor, *replicas):
-                prof.add_target(t)
+        async with profiled(cfg) as (prof, device, _actor, replicas):
             for n, ops in enumerate(steps, start=1):
                 async with prof.step(n):
                     for op in ops:
