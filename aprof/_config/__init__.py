@@ -12,7 +12,6 @@ and pydantic's errors as one :class:`~aprof.ConfigError` (verl's config: ``aprof
 from aprof._config.errors import config_error
 from aprof._config.load import ConfigSource, load_config
 from aprof._config.models import (
-    EXCLUSIVE_TOOLS,
     ColocatedConfig,
     ControlConfig,
     ControlHTTPConfig,
@@ -39,7 +38,6 @@ from aprof._config.steps import StepSelection, key_member, show_value
 from aprof._config.types import NPU_CONTENTS, TORCH_CONTENTS
 
 __all__ = [
-    "EXCLUSIVE_TOOLS",
     "NPU_CONTENTS",
     "TORCH_CONTENTS",
     "ColocatedConfig",

@@ -42,6 +42,12 @@ from aprof._layout import check_name
 _ROLE_NAME = re.compile(r"[A-Za-z0-9_-]+", re.ASCII)
 
 
+def _check_role_name(name: object, key: str) -> None:
+    """Raise ``ConfigError`` at ``key`` unless ``name`` is a role name."""
+    if not isinstance(name, str) or not _ROLE_NAME.fullmatch(name):
+        raise ConfigError(key, "role names may hold only letters, digits, '_' and '-'")
+
+
 class _Model(BaseModel):
     """Base of every config section: unknown keys rejected, values immutable."""
 
@@ -156,8 +162,7 @@ class ColocatedConfig(_Model):
     @field_validator("role")
     @classmethod
     def _role_name(cls, role: str) -> str:
-        if not _ROLE_NAME.fullmatch(role):
-            raise ConfigError("", "role names may hold only letters, digits, '_' and '-'")
+        _check_role_name(role, "")
         return role
 
     def holds(self, replica: int) -> bool:
@@ -488,10 +493,7 @@ class ProfilerConfig(_Model):
         if not isinstance(roles, Mapping):
             return roles
         for name in roles:
-            if not isinstance(name, str) or not _ROLE_NAME.fullmatch(name):
-                raise ConfigError(
-                    key_member(name), "role names may hold only letters, digits, '_' and '-'"
-                )
+            _check_role_name(name, key_member(name))
         # `actor:` with nothing under it reads as null: a role with default settings.
         return {name: {} if role is None else role for name, role in roles.items()}
 

@@ -10,7 +10,7 @@ changed, waited for as a step begins, and calling back :meth:`Serving.view`,
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, cast
 
 from aprof._config import ProfilerConfig
 from aprof._control import CaptureAnswer, CaptureRequest
@@ -102,11 +102,9 @@ class Serving:
 
     def change_target(self, op: Literal["add_target", "remove_target"], payload: object) -> None:
         """Another process's ``add_target(target)`` or ``remove_target(name)``: the driver's
-        own (raising there as here)."""
+        own (raising there as here: ``add_target`` refuses what is no target)."""
         if op == "add_target":
-            if not isinstance(payload, CaptureTarget):
-                raise TypeError(f"{payload!r} is not an aprof.CaptureTarget")
-            self._add_target(payload)
+            self._add_target(cast("CaptureTarget", payload))
         else:
             if not isinstance(payload, str):
                 raise TypeError(f"a target name is a string, got {payload!r}")

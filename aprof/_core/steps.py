@@ -189,16 +189,15 @@ class Steps:
         self._serving.changed()
         return rollouts, roles
 
-    def rollout_ended(self) -> bool:
+    def rollout_ended(self) -> None:
         """The open step's rollout is over: its rollout windows end (``rollout_end``), none
-        opens again in it, and the role windows held for it go on; False outside a step."""
+        opens again in it, and the role windows held for it go on; nothing outside a step."""
         n = self.current
         if n is None:
-            return False
+            return
         self._admission.end_rollout("rollout_end")
         self._colocation.rollout_over(n)
         self._serving.changed()
-        return True
 
     def forget(self, name: str) -> list[WindowRun]:
         """The role target ``name`` is removed: its window open now, if any, which no step

@@ -30,7 +30,7 @@ import stat
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Final, Generic, TypeVar, cast
+from typing import Any, Final, Generic, TypeGuard, TypeVar, cast
 
 import msgspec
 import orjson
@@ -167,7 +167,7 @@ class TraceStream(Generic[E]):
         if not _is_int(base) and self._found_events:  # the epilogue is a pass of its own
             base = self.epilogue().get("baseTimeNanoseconds")
         if _is_int(base):
-            return cast("int", base)
+            return base
         # Read on to the first event with a time (the batches give these events again).
         self._peeked = []
         for batch in self._read():
@@ -366,7 +366,7 @@ class TraceStream(Generic[E]):
         return False
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

@@ -96,9 +96,9 @@ class Hub:
         self._asks: set[tuple[int, int]] = set()
         self._reports: dict[str, Report] = {}
         self._calls: dict[int, Call] = {}
-        """Capture requests the driver has not pulled yet."""
+        """Calls the driver has not pulled yet."""
         self._deciding: dict[int, asyncio.Future[Decision]] = {}
-        """The capture requests waiting for the driver's decision, pulled or not."""
+        """The calls waiting for the driver's decision, pulled or not."""
         self._numbers = itertools.count(1)
         self._woken = False
 

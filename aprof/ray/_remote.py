@@ -68,8 +68,7 @@ class RemoteProfiler(Recording):
     """The driver's profiler as one other process sees it: :meth:`request`, :meth:`span` and
     :attr:`current_step`, as on :class:`aprof.Profiler`, and :meth:`capture`,
     :meth:`add_target` and :meth:`remove_target`, which the driver carries out; :meth:`aclose`
-    at the end (the driver's profiler closing has it run if the
-    process does not).
+    at the end (the driver's profiler closing has it run if the process does not).
 
     A request's first to a replica in a step asks the driver (one round trip, shared by the
     requests that come meanwhile); after that, its requests to that replica in that step are
