@@ -61,7 +61,7 @@ def typecheck(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
     """Benchmarks; their tables go into the README with this command."""
-    session.install("-e", ".[bench]")
+    session.install("-e", ".[bench,otel]")  # bench_doors runs the OTLP receiver
     session.run("python", "benchmarks/bench_request.py", *session.posargs)
     session.run("python", "benchmarks/bench_agentloop.py")
     session.run("python", "benchmarks/bench_long_run.py")
@@ -69,6 +69,9 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_merge.py")
     session.run("python", "benchmarks/bench_control.py")
     session.run("python", "benchmarks/bench_report_accounting.py")
+    session.run("python", "benchmarks/bench_doors.py")
+    session.run("python", "benchmarks/bench_control_folder.py")
+    session.run("python", "benchmarks/bench_span_bombs.py")
 
 
 @nox.session(python="3.11", default=False)

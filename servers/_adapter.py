@@ -158,6 +158,11 @@ class HTTPAdapter(Adapter[C]):
         self._client = ServerClient(base_url, replica=replica, api_key=api_key)
         super().__init__(replica, logger="servers", server=self._client.base_url, replica=replica)
 
+    @property
+    def base_url(self) -> str:
+        """The server's URL as it is shown: without the user and password it was given with."""
+        return self._client.base_url
+
     async def open(self, timeouts: TimeoutsConfig, limits: LimitsConfig | None = None) -> None:
         """Open the HTTP session."""
         await self._client.open(timeouts, limits)

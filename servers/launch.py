@@ -16,8 +16,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, get_args
+from urllib.parse import quote
 
 from aprof import ConfigError, ProfilerConfig, load_config
+from aprof._http_server import load_token
 from servers._errors import UnsupportedError
 from servers.sglang import SGLangServer
 from servers.versions import Version, parse_version, version_text
@@ -130,9 +132,11 @@ def launch_spec(
     command runs (vLLM and SGLang need theirs). With ``otel.receive`` (or ``otel_endpoint``
     given: the base URL of aprof's receiver, ``prof.otel_endpoint``; by default
     ``http://<otel.host>:<otel.port>``) the server also exports its request spans there.
+    With ``otel.token_file`` the server's exporter bears its token
+    (``OTEL_EXPORTER_OTLP_TRACES_HEADERS``).
     Raises ValueError on an unknown engine, VersionError on a malformed version,
     UnsupportedError for a tool the engine (at that version) cannot run, ConfigError on a bad
-    config (``otel.port`` 0 without ``otel_endpoint``).
+    config (``otel.port`` 0 without ``otel_endpoint``, an unreadable ``otel.token_file``).
     """
     if engine not in ENGINES:
         raise ValueError(f"engine: expected one of {', '.join(ENGINES)}, got {engine!r}")
@@ -386,6 +390,15 @@ def _otel(prep: _Prep, endpoint: str) -> None:
         prep.notes.append("the reference server sends no OpenTelemetry spans")
         return
     prep.env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
+    token_file = prep.config.otel.token_file
+    if token_file is not None:
+        token = load_token(token_file, "otel.token_file").decode("ascii")
+        # The OTel exporters read headers from the environment, values URL-encoded (the spec's
+        # W3C Baggage format): the space of "Bearer <token>" is %20.
+        prep.env["OTEL_EXPORTER_OTLP_TRACES_HEADERS"] = "authorization=" + quote(
+            f"Bearer {token}", safe=""
+        )
+        prep.notes.append("OTEL_EXPORTER_OTLP_TRACES_HEADERS holds otel.token_file's token")
     if prep.engine.startswith("vllm"):
         prep.env["OTEL_BSP_SCHEDULE_DELAY"] = _SPANS_EVERY_MS  # the SDK's batch processor
         prep.args += ["--otlp-traces-endpoint", url]
@@ -421,7 +434,10 @@ def _command(
 ) -> list[str]:
     where = ["--host", host, "--port", str(port)]
     if prep.engine == "reference":
-        command = [python, "-m", "aprof", "serve-reference", *where, "--dialect", prep.dialect]
+        # -P (no working folder on sys.path): the server imports the installed aprof even when
+        # launched from a folder holding one (a clone); PYTHONPATH and user site still count.
+        command = [python, "-P", "-m", "aprof", "serve-reference", *where]
+        command += ["--dialect", prep.dialect]
         if prep.dialect == "vllm":
             command += ["--vllm-version", version_text(prep.version)]
         if model is not None:

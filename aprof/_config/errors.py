@@ -93,7 +93,7 @@ def _unknown_key(root: type[BaseModel], loc: tuple[int | str, ...]) -> str:
             and name in info.validation_alias.choices
         ):
             return f"the same setting as '{field_name}'; give only one of them"
-    allowed = list(fields)
+    allowed = [info.alias or field_name for field_name, info in fields.items()]  # as written
     close = difflib.get_close_matches(name, allowed, n=1)
     if close:
         return f"unknown key; did you mean '{close[0]}'?"

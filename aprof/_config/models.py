@@ -391,7 +391,31 @@ class TimelineConfig(_Model):
     )
 
 
-class ControlHTTPConfig(_Model):
+class _ServerConfig(_Model):
+    """The bounds every HTTP server of the run (the control endpoint, the OTLP receiver) keeps
+    on its clients."""
+
+    header_s: Seconds = Field(
+        5.0,
+        ge=0.1,
+        le=600,
+        description="A request's line and headers arrive within this, or the connection is cut.",
+    )
+    body_s: Seconds = Field(
+        10.0,
+        ge=0.1,
+        le=600,
+        description="A request's body arrives within this of its headers, or gets 408, cut.",
+    )
+    max_connections: Annotated[int, Strict()] = Field(
+        128,
+        ge=1,
+        le=4096,  # each holds a file descriptor of the training process
+        description="Connections open at once; one more is closed as soon as it is accepted.",
+    )
+
+
+class ControlHTTPConfig(_ServerConfig):
     """The control endpoint on 127.0.0.1: ``POST /capture`` and ``GET /status``."""
 
     port: Annotated[int, Strict()] = Field(
@@ -411,7 +435,7 @@ class ControlConfig(_Model):
     )
 
 
-class OtelConfig(_Model):
+class OtelConfig(_ServerConfig):
     """The OTLP/HTTP receiver of the servers' own request spans (``aprof/_otel``)."""
 
     receive: StrictBool = Field(
@@ -424,11 +448,25 @@ class OtelConfig(_Model):
         description="Address it listens on; another than 127.0.0.1 lets other machines send.",
     )
     port: Annotated[int, Strict()] = Field(0, ge=0, le=65535, description="0 = a free one.")
+    token_file: Pathname | None = Field(
+        None,
+        description="File holding the token an export must bear (Authorization: Bearer ...); "
+        "null = none asked (warned on another host than loopback).",
+    )
     max_body_bytes: Annotated[int, Strict()] = Field(
-        4 << 20, ge=1024, le=1 << 30, description="One export's body; a larger one gets 413."
+        4 << 20,
+        ge=1024,
+        le=1 << 30,
+        description="One export's body, sent and inflated; a larger one gets 413.",
     )
     max_spans_per_step: Annotated[int, Strict()] = Field(
         50_000, ge=1, le=10_000_000, description="Spans kept per step; the others are counted."
+    )
+    max_spans_per_body: Annotated[int, Strict()] = Field(
+        8192,
+        ge=1,
+        le=1_000_000,
+        description="Spans one export may hold (the OTel SDK sends at most 512); more get 413.",
     )
     detailed: StrictBool = Field(
         False, description="Servers launched for it: vLLM's --collect-detailed-traces all."

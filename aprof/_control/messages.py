@@ -42,7 +42,8 @@ _Count = Annotated[int, Strict(), Field(ge=1)]
 
 
 class _Message(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # Read by JSON names only (``schema``, not the field's ``schema_``): one way to write each.
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def new_request_id() -> str:

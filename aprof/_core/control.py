@@ -29,6 +29,7 @@ from aprof._control import (
     WindowStatus,
     refusal,
 )
+from aprof._control.folder import FolderRead
 from aprof._control.status import MAX_LISTED, RECENT_WINDOWS
 from aprof._core.plan import Plan
 from aprof._core.triggers import SlowTrigger
@@ -44,6 +45,8 @@ STATUS_AFTER_S: Final = 0.2
 """Window moves within this long are one status write."""
 PROBLEMS: Final = 20
 """Problems a status lists, newest last."""
+SHOWN_ASIDE: Final = 5
+"""Entries named when a read sets some aside."""
 ENDPOINT_KEY: Final = ("control", "endpoint.json")
 """Where the endpoint's address is written, below ``save_path``: ``{"address": ...}``."""
 
@@ -99,7 +102,7 @@ class Control:
         self._status_due = False
         self._folder_failing = False
         self._closing = False
-        self._reading: Future[list[Incoming]] | None = None
+        self._reading: Future[FolderRead] | None = None
         """The control folder's read under way."""
         self._found: list[Incoming] = []
         """Requests read and not decided yet."""
@@ -151,6 +154,7 @@ class Control:
                     self._config.timeouts.connect_s,
                 )
         self._collect()
+        self._disk.submit(self._folder.close)  # after any read still under way
         found, self._found = self._found, []
         self._state = "ended"
         self._step = None
@@ -211,19 +215,33 @@ class Control:
         self.read_folder()
 
     def _collect(self) -> None:
-        """Keep what a finished read found."""
+        """Keep what a finished read found, and tell what it set aside (each entry once: it
+        is gone from the folder, or remembered as stuck)."""
         reading = self._reading
         if reading is None or not reading.done():
             return
         self._reading = None
         try:
-            self._found.extend(reading.result())
-        except OSError as exc:
+            read = reading.result()
+        except Exception as exc:  # the folder's trouble is the run's status, never its error
             if not self._folder_failing:
                 self._problem(f"the control folder cannot be read: {describe(exc)}")
             self._folder_failing = True
-        else:
-            self._folder_failing = False
+            return
+        self._folder_failing = False
+        self._found.extend(read.incoming)
+        if read.set_aside:
+            self._log.warning(
+                "control entries set aside",
+                to="control/rejected/",
+                count=len(read.set_aside),
+                first=read.set_aside[:SHOWN_ASIDE],
+            )
+        if read.stuck:
+            self._problem(
+                f"{len(read.stuck)} entries of control/requests/ can be neither read nor moved "
+                f"(left there, not looked at again): {'; '.join(read.stuck[:SHOWN_ASIDE])}"
+            )
 
     def _take(self, item: Incoming) -> None:
         if item.request is None:

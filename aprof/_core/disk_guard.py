@@ -69,6 +69,7 @@ class DiskGuard:
                 text=f"the manifest could not be written from {since} to {now} ({self.error}): "
                 f"{self._not_started} window(s) were not started then and the captures "
                 f"running were stopped{lost}",
+                level="problem",
             )
         )
         self.error = None

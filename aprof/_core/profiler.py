@@ -338,10 +338,10 @@ class Profiler(Recording):
     async def _enter_step(self, n: int) -> None:
         if self._status != "open":
             raise UsageError("open the profiler first: `async with prof:`")
-        began = time.time_ns()
-        await self._steps.enter(n)
         if self._otel is not None:
-            self._otel.step_began(n, began)
+            # Before the gate takes step n: requests sent while its windows start carry it.
+            self._otel.step_began(n, time.time_ns())
+        await self._steps.enter(n)
 
     def _machine(self, target: CaptureTarget) -> TargetMachine:
         return TargetMachine(

@@ -20,7 +20,7 @@ from aprof._core.sharing import Link, RemotePhase, Report, RolloutView
 from aprof._core.targets import Targets
 from aprof._core.window import Phase, add_counts, shared_phase
 from aprof._core.windows import Windows
-from aprof._manifest import ManifestFiles, TimelineFile
+from aprof._manifest import ManifestFiles, NoteLevel, TimelineFile
 from aprof.abc import CaptureTarget
 
 
@@ -128,7 +128,10 @@ class Serving:
                 self._files.changed(c.step)
             elif c.admitted:
                 self.note(
-                    c.step, target, f"{process}: {c.admitted} request(s) reported too late to count"
+                    c.step,
+                    target,
+                    f"{process}: {c.admitted} request(s) reported too late to count",
+                    level="problem",
                 )
             if c.ungated:
                 self.note(
@@ -136,11 +139,15 @@ class Serving:
                     target,
                     f"{process}: {c.ungated} request(s) went ahead ungated and uncounted: the "
                     f"driver did not answer within timeouts.start_s",
+                    level="problem",
                 )
         if report.timeline:
             files = [TimelineFile.model_validate(e) for e in report.timeline]
             self._files.list_timeline(files, process=process)
 
-    def note(self, step: int | None, target: str | None, text: str) -> None:
-        """Write down something about the processes the profiler is shared with."""
-        self._windows.note(step, target, text)
+    def note(
+        self, step: int | None, target: str | None, text: str, *, level: NoteLevel = "info"
+    ) -> None:
+        """Write down something about the processes the profiler is shared with:
+        information, unless ``level`` says it is a problem."""
+        self._windows.note(step, target, text, level=level)

@@ -19,7 +19,7 @@ from aprof._config import LimitsConfig, TimeoutsConfig
 from aprof._core.window import Captured, Phase, WindowRun
 from aprof._errors import describe
 from aprof._layout import OutputLayout, size_of
-from aprof._manifest import FileEntry, RankCapture, StopReason
+from aprof._manifest import FileEntry, NoteLevel, RankCapture, StopReason
 from aprof.abc import CaptureTarget, ManagedTarget
 
 _T = TypeVar("_T")
@@ -27,8 +27,14 @@ _T = TypeVar("_T")
 Gate = Callable[[WindowRun], Awaitable[tuple[StopReason, str] | None]]
 """What a window's start waits for besides its target's previous stop; ``(reason, why)``
 when the window is skipped instead (``colocation.py``)."""
-OnNote = Callable[[int, str, str], None]
-"""Told ``(step, target, text)``: something worth writing down that is not a failure."""
+
+
+class OnNote(Protocol):
+    """Told ``(step, target, text)``: something worth writing down about a window;
+    information, unless ``level`` says it is a problem."""
+
+    def __call__(self, step: int, target: str, text: str, *, level: NoteLevel = "info") -> None:
+        """Write it down."""
 
 
 @runtime_checkable
@@ -196,6 +202,7 @@ class TargetMachine:
                     window.step,
                     window.target,
                     "forward-step counter lost: window runs until step end",
+                    level="problem",
                 )
                 return
             if count < run.baseline:
@@ -205,6 +212,7 @@ class TargetMachine:
                     window.target,
                     f"forward-step counter went back from {run.baseline} to {count} (the "
                     "server restarted?): window runs until step end",
+                    level="problem",
                 )
                 return
             if count - run.baseline >= goal:
@@ -216,7 +224,8 @@ class TargetMachine:
             async with asyncio.timeout(self._timeouts.connect_s):
                 count = await self.target.forward_steps()
         except Exception as exc:  # TimeoutError included
-            self._note(run.window.step, run.window.target, f"forward-step counter: {describe(exc)}")
+            why = f"forward-step counter: {describe(exc)}"
+            self._note(run.window.step, run.window.target, why, level="problem")
             return None
         if count is not None:
             run.last_count = count
@@ -273,7 +282,10 @@ class TargetMachine:
         missing = [n for n, size in zip(names, sizes, strict=True) if size is None]
         if missing:
             self._note(
-                run.window.step, run.window.target, f"listed files missing: {', '.join(missing)}"
+                run.window.step,
+                run.window.target,
+                f"listed files missing: {', '.join(missing)}",
+                level="problem",
             )
         run.record_result(
             Captured(
@@ -307,6 +319,7 @@ class TargetMachine:
                 "(the server restarted?): observed unknown"
                 if went_back
                 else f"the target reported {result.forward_steps} forward steps: observed unknown",
+                level="problem",
             )
             return None, None
         if observed is None and first is not None and last is not None:

@@ -17,7 +17,14 @@ from aprof._core.targets import Targets, role_of, tool_of
 from aprof._core.window import Phase, WindowRun
 from aprof._errors import CaptureError
 from aprof._layout import OutputLayout, safe_name
-from aprof._manifest import ForwardSteps, ManifestFiles, Note, StopReason, WindowRecord
+from aprof._manifest import (
+    ForwardSteps,
+    ManifestFiles,
+    Note,
+    NoteLevel,
+    StopReason,
+    WindowRecord,
+)
 
 _FAILED = (Phase.FAILED, Phase.TIMEOUT)
 
@@ -166,9 +173,12 @@ class Windows:
         self._files.changed(window.step)
         self._on_move(run, phase)
 
-    def note(self, step: int | None, target: str | None, text: str) -> None:
-        """Write down something about a window, a step or the run that is not a failure."""
-        self._files.add_note(Note(step=step, target=target, text=text))
+    def note(
+        self, step: int | None, target: str | None, text: str, *, level: NoteLevel = "info"
+    ) -> None:
+        """Write down something about a window, a step or the run: information, unless
+        ``level`` says it is a problem."""
+        self._files.add_note(Note(step=step, target=target, text=text, level=level))
 
     def write_counts(self, step: int) -> None:
         """Bring the request counts of ``step``'s live windows into their records."""
@@ -189,7 +199,9 @@ class Windows:
         """Stop every live window not asked to stop yet, noting ``why`` for each."""
         for run in list(self.live.values()):
             if run.stop_task is None:
-                self.note(run.window.step, run.window.target, f"stopped early: {why}")
+                self.note(
+                    run.window.step, run.window.target, f"stopped early: {why}", level="problem"
+                )
                 self.close(run, "error")
 
     def abandon(self) -> None:
@@ -215,6 +227,7 @@ class Windows:
                 run.window.step,
                 run.window.target,
                 f"window files total {total} bytes, above max_window_bytes={limit}",
+                level="problem",
             )
 
 

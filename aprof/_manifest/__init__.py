@@ -14,6 +14,7 @@ from aprof._manifest.model import (
     ForwardSteps,
     Manifest,
     Note,
+    NoteLevel,
     OtelRecord,
     RankCapture,
     RequestCounts,
@@ -23,6 +24,7 @@ from aprof._manifest.model import (
     Waited,
     WindowRecord,
     WindowState,
+    split_notes,
 )
 
 __all__ = [
@@ -33,6 +35,7 @@ __all__ = [
     "Manifest",
     "ManifestFiles",
     "Note",
+    "NoteLevel",
     "OtelRecord",
     "RankCapture",
     "RequestCounts",
@@ -44,4 +47,5 @@ __all__ = [
     "WindowState",
     "load_manifest",
     "load_step",
+    "split_notes",
 ]

@@ -9,6 +9,7 @@ step 1. :func:`load_manifest` puts them back together into one :class:`Manifest`
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
@@ -17,6 +18,7 @@ from pydantic import (
     Field,
     SerializerFunctionWrapHandler,
     model_serializer,
+    model_validator,
 )
 
 if TYPE_CHECKING:
@@ -152,12 +154,48 @@ class WindowRecord(_Model):
         return data
 
 
+NoteLevel = Literal["info", "problem"]
+"""How a note reads: ``info`` (a request accepted, a trigger fired, a window skipped as
+planned) or ``problem`` (something went wrong: counts lost, a counter lost, files missing, the
+manifest not written for a while)."""
+
+
 class Note(_Model):
-    """Something a reader of the run should know that is not a failure."""
+    """Something a reader of the run should know about a window, a step or the run."""
 
     step: int | None
     target: str | None
     text: str
+    level: NoteLevel
+    """Absent in older manifests, where a note of no step was read as a problem and a
+    step's as information: read so."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _level_of_older_manifests(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "level" not in data:
+            return {**data, "level": "problem" if data.get("step") is None else "info"}
+        return data
+
+    @property
+    def line(self) -> str:
+        """The note in one line, after its step and target: ``step 3 replica_0: text``."""
+        where = " ".join(
+            part
+            for part in (None if self.step is None else f"step {self.step}", self.target)
+            if part
+        )
+        return f"{where}: {self.text}" if where else self.text
+
+
+def split_notes(notes: Iterable[Note]) -> tuple[list[str], list[str]]:
+    """The lines of ``notes`` that are problems, and those of the others, in their order:
+    what ``aprof report``, ``report.html`` and ``aprof status`` show as each."""
+    problems: list[str] = []
+    others: list[str] = []
+    for note in notes:
+        (problems if note.level == "problem" else others).append(note.line)
+    return problems, others
 
 
 class Clock(_Model):
@@ -193,7 +231,8 @@ class OtelRecord(_Model):
     """Spans written below ``otel/``: ``step_<n>.spans.jsonl`` by the step their trace id
     names, ``no_step.spans.jsonl``, ``other.spans.jsonl`` (another trace's)."""
     dropped: int = 0
-    """Spans not kept: over ``otel.max_spans_per_step``, too late, or lost to a failed write."""
+    """Spans not kept: over ``otel.max_spans_per_step``, of a step the run did not begin (or
+    began too long ago), or lost to a failed write."""
 
 
 class Manifest(_Model):

@@ -5,6 +5,8 @@ per-rank traces as Holistic Trace Analysis reads them.
   trace;
 - ``placing.py``: one input placed on the merged clock, batch by batch;
 - ``parallel.py``: a step's captures placed by worker processes;
+- ``scratch.py``: a merge's own folder for what it writes before it is whole, locked while the
+  merge lives, removed by the next merge when it was killed;
 - ``gzip_stream.py``: the merged file's gzip stream, made of parts compressed apart;
 - ``flows.py``: flow arrows from each request span to the forward steps that served it;
 - ``archive.py``: the Perfetto trace archive beside each merged step;

@@ -13,8 +13,7 @@ import json
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-
-from aprof._safe_files import replacing
+from typing import BinaryIO
 
 MANIFEST = "perfetto_manifest.json"
 
@@ -50,12 +49,10 @@ def manifest(files: list[ArchiveFile], *, attributes: dict[str, str | int]) -> d
     return {"perfetto_manifest": {"version": 1, "files": entries, "attributes": attributes}}
 
 
-def write(
-    folder: int, name: str, files: list[ArchiveFile], attributes: dict[str, str | int]
-) -> None:
-    """Write ``name`` in ``folder``: the manifest, then each file (one at a time, streamed),
-    renamed into place once whole."""
-    with replacing(folder, name) as out, tarfile.open(fileobj=out, mode="w") as tar:
+def write(out: BinaryIO, files: list[ArchiveFile], attributes: dict[str, str | int]) -> None:
+    """Write the archive into ``out``: the manifest, then each file (one at a time,
+    streamed)."""
+    with tarfile.open(fileobj=out, mode="w") as tar:
         text = json.dumps(manifest(files, attributes=attributes), indent=1).encode()
         info = tarfile.TarInfo(MANIFEST)
         info.size = len(text)

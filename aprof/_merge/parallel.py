@@ -2,11 +2,12 @@
 than one core is free. The merging process takes the step's captures from the front, in the
 merged file's order, and writes each into the merged file as it places it; each worker, once
 started, takes them from the back (:class:`Shares`), placing one at a time (``placing.place``)
-into a part file of the output folder, compressed as a part of the merged file's gzip stream
-(``gzip_stream.py``), which the merging process lays into the merged file as it is when it
-reaches it, and removes. So a worker that starts late, or never, costs no waiting: the merging
-process has placed what the worker did not take. Numbers an input gets depend on its place
-alone (``placing.py``): the merged file holds the same text whoever placed what.
+into a part file of the merge's own folder (``scratch.py``), compressed as a part of the merged
+file's gzip stream (``gzip_stream.py``), which the merging process lays into the merged file as
+it is when it reaches it, and removes. So a worker that starts late, or never, costs no
+waiting: the merging process has placed what the worker did not take. Numbers an input gets
+depend on its place alone (``placing.py``): the merged file holds the same text whoever placed
+what.
 
 A worker is a Python process (:data:`_WORKER`) that says it is ready with a line on its
 standard output, then reads one task per line on its standard input and answers each with a
@@ -15,7 +16,10 @@ its own. It imports only the modules that place an input: the packages around th
 shells, so their ``__init__`` (all of aprof, half a second) does not run, and a worker is
 ready in about a tenth of a second. Not ``multiprocessing``: its workers would run the
 caller's main module again when it has no ``if __name__ == "__main__"`` guard. A worker that
-fails, or dies, costs nothing but time: the merging process places that input itself.
+fails, or dies, costs nothing but time: the merging process places that input itself, and
+removes the part file the worker left. A part file is named for its step, its input and the
+worker that writes it; workers write relative to the merge's folder, whose descriptor they
+inherit with its lock (so a worker that outlives a killed merge keeps its folder alive).
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ from aprof._merge.archive import ArchiveFile
 from aprof._merge.flows import ForwardStep, Links
 from aprof._merge.gzip_stream import PartWriter
 from aprof._merge.placing import Input, Placed, Scope, place
-from aprof._safe_files import open_folder, replace_file
+from aprof._merge.scratch import Scratch
+from aprof._safe_files import create_exclusive
 from aprof._traces.stream import blocks
 
 WORTH_BYTES: Final = 4 << 20
@@ -46,8 +51,10 @@ is started: the merging process is done before one would be ready and has taken 
 _SHELLS: Final = ("aprof", "aprof._merge", "aprof._otel", "aprof._timeline")
 """Packages on the way to the placing modules whose ``__init__`` imports far more."""
 _WORKER: Final = (
-    # Isolated (-I): nothing of the working folder or the environment's Python paths shadows
-    # a module; the shells' paths come from this process's own files.
+    # Started with -P: the working folder is not on sys.path, so nothing there shadows a
+    # module; the shells' paths come from this process's own files, and the libraries the
+    # placing modules import are found where this process found them (PYTHONPATH and the user
+    # site kept, which -I would drop: a `pip install --user` would leave no worker ready).
     "import sys, types\n"
     f"for name, path in zip({_SHELLS!r}, sys.argv[1:]):\n"
     "    sys.modules[name] = package = types.ModuleType(name)\n"
@@ -70,10 +77,11 @@ def available_cores() -> int:
 
 
 class Part(NamedTuple):
-    """What a worker placed: its result, and the CRC-32 and length of the text its part file
-    holds (compressed)."""
+    """What a worker placed: its result, its part file in the merge's folder, and the CRC-32
+    and length of the text that file holds (compressed)."""
 
     placed: Placed
+    name: str
     crc: int
     size: int
 
@@ -123,34 +131,53 @@ class _Worker:
 
 
 class Workers:
-    """``count`` worker processes, started at once, stopped by :meth:`close`."""
+    """``count`` worker processes, started at once, writing into ``scratch`` (which they keep
+    locked while they live), stopped by :meth:`close`."""
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, scratch: Scratch) -> None:
+        self._scratch = scratch
         self._workers: list[_Worker] = []
         for _ in range(count):
             try:
                 process = subprocess.Popen(
-                    [sys.executable, "-I", "-c", _WORKER, *_shell_paths()],
+                    [sys.executable, "-P", "-c", _WORKER, *_shell_paths()],
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     text=True,
+                    pass_fds=(scratch.fd, scratch.lock),
                 )
             except OSError:  # none started: the merging process places all
                 break
             self._workers.append(_Worker(process))
         self._threads = ThreadPoolExecutor(max(1, count), thread_name_prefix="aprof-merge")
 
-    def serve(
-        self, shares: Shares, where: tuple[str, list[str]], root: Path, step: int, base_ns: int
-    ) -> list[Future[None]]:
+    def serve(self, shares: Shares, root: Path, step: int, base_ns: int) -> list[Future[None]]:
         """Let each worker take ``shares`` from the back, once it is ready, into part files
-        below ``where``, until no share is left; the threads that serve them. The merging
-        process waits for what a worker took, never for a worker that took nothing (one
-        still starting, or hung): :meth:`close` bounds those."""
-        context = {"where": where, "root": str(root), "step": step, "base_ns": base_ns}
+        of the merge's folder, until no share is left; the threads that serve them. The
+        merging process waits for what a worker took, never for a worker that took nothing
+        (one still starting, or hung): :meth:`close` bounds those."""
+        context = {"folder": self._scratch.fd, "root": str(root), "step": step, "base_ns": base_ns}
         return [
             self._threads.submit(self._serve, worker, shares, context) for worker in self._workers
         ]
+
+    def read_part(self, part: Part) -> Iterator[bytes]:
+        """The bytes of ``part``'s file (compressed), a chunk at a time; the file is removed
+        after."""
+        try:
+            fd = os.open(
+                part.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._scratch.fd
+            )
+            try:
+                yield from blocks(fd)
+            finally:
+                os.close(fd)
+        finally:
+            self._scratch.remove(part.name)
+
+    def discard(self, part: Part) -> None:
+        """Remove ``part``'s file, unread."""
+        self._scratch.remove(part.name)
 
     def close(self) -> None:
         """Let the workers end (each ends its task first) and wait for them, a bounded time:
@@ -166,8 +193,7 @@ class Workers:
                 worker.process.wait()
         self._threads.shutdown(wait=True, cancel_futures=True)
 
-    @staticmethod
-    def _serve(worker: _Worker, shares: Shares, context: dict[str, Any]) -> None:
+    def _serve(self, worker: _Worker, shares: Shares, context: dict[str, Any]) -> None:
         """On a thread of the pool: ``worker`` places shares until none is left, or it dies."""
         with worker.serving:
             process = worker.process
@@ -177,15 +203,18 @@ class Workers:
                     return
             while (taken := shares.take_last()) is not None:
                 item, future = taken
+                name = part_name(context["step"], item, process.pid)
                 try:
-                    task = {**context, "item": dataclasses.asdict(item)}
+                    task = {**context, "name": name, "item": dataclasses.asdict(item)}
                     _stdin(process).write(json.dumps(task) + "\n")
                     _stdin(process).flush()
                     line = _stdout(process).readline()
                     if not line:
                         raise RuntimeError(f"merge worker ended with {process.wait()}")
-                    future.set_result(_part(json.loads(line)))
+                    future.set_result(_part(name, json.loads(line)))
                 except Exception as exc:  # the merging process places it instead
+                    # The worker answered, or is gone: it writes its part file no more.
+                    self._scratch.remove(name)
                     future.set_exception(exc)
                     if process.poll() is not None or isinstance(exc, OSError):
                         worker.ready = False  # gone: it takes nothing more
@@ -209,10 +238,10 @@ def serve() -> None:
     for line in sys.stdin:
         task = json.loads(line)
         try:
-            where = (task["where"][0], list(task["where"][1]))
             item = Input(**task["item"])
             root, step, base_ns = Path(task["root"]), task["step"], task["base_ns"]
-            answer = _answer(_place_into_part(where, root, step, item, base_ns))
+            part = _place_into_part(task["folder"], task["name"], root, step, item, base_ns)
+            answer = _answer(part)
         except Exception as exc:  # this input is placed by the merging process instead
             answer = {"error": f"{type(exc).__name__}: {exc}"}
         answers.write(json.dumps(answer) + "\n")
@@ -233,12 +262,13 @@ def _answer(part: Part) -> dict[str, Any]:
     }
 
 
-def part_name(step: int, item: Input) -> str:
-    """The part file of ``item`` in the output folder while the step is merged."""
-    return f".step_{step}.part{item.number}.deflate"
+def part_name(step: int, item: Input, pid: int) -> str:
+    """The part file of ``item`` of ``step`` that the worker ``pid`` writes in the merge's
+    folder."""
+    return f".step_{step}.part{item.number}.{pid}.deflate"
 
 
-def _part(found: dict[str, Any]) -> Part:
+def _part(name: str, found: dict[str, Any]) -> Part:
     if "error" in found:
         raise RuntimeError(f"merge worker: {found['error']}")
     archived = found["archived"]
@@ -250,7 +280,7 @@ def _part(found: dict[str, Any]) -> Part:
         else ArchiveFile(**{**archived, "source": Path(archived["source"])}),
         forward=[ForwardStep(s[0], s[1], s[2], s[3], tuple(s[4])) for s in found["forward"]],
     )
-    return Part(placed, found["crc"], found["size"])
+    return Part(placed, name, found["crc"], found["size"])
 
 
 def _stdin(worker: subprocess.Popen[str]) -> IO[str]:
@@ -263,41 +293,12 @@ def _stdout(worker: subprocess.Popen[str]) -> IO[str]:
     return worker.stdout
 
 
-def read_part(where: tuple[str, list[str]], step: int, item: Input) -> Iterator[bytes]:
-    """The bytes of ``item``'s part file (compressed), a chunk at a time; the file is removed
-    after."""
-    name = part_name(step, item)
-    folder = open_folder(where[0], where[1], create=False)
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
-        try:
-            yield from blocks(fd)
-        finally:
-            os.close(fd)
-    finally:
-        with contextlib.suppress(OSError):  # gone already: nothing left behind
-            os.unlink(name, dir_fd=folder)
-        os.close(folder)
-
-
-def remove_part(where: tuple[str, list[str]], step: int, item: Input) -> None:
-    """Remove ``item``'s part file, if a worker left one."""
-    try:
-        folder = open_folder(where[0], where[1], create=False)
-    except OSError:
-        return
-    try:
-        os.unlink(part_name(step, item), dir_fd=folder)
-    except OSError:
-        pass
-    finally:
-        os.close(folder)
-
-
 def _place_into_part(
-    where: tuple[str, list[str]], root: Path, step: int, item: Input, base_ns: int
+    folder: int, name: str, root: Path, step: int, item: Input, base_ns: int
 ) -> Part:
-    """In a worker: place ``item``, its text (events joined by commas) into its part file."""
+    """In a worker: place ``item``, its text (events joined by commas) into the new file
+    ``name`` of the merge's folder ``folder`` (the merging process reads it only once told it
+    is whole, and removes it when the worker fails)."""
     found: list[Placed] = []
     writer = PartWriter()
 
@@ -314,9 +315,7 @@ def _place_into_part(
             first = False
         yield writer.end()
 
-    folder = open_folder(where[0], where[1], create=True)
-    try:
-        replace_file(folder, part_name(step, item), compressed())
-    finally:
-        os.close(folder)
-    return Part(found[0], writer.crc, writer.size)
+    with os.fdopen(create_exclusive(folder, name), "wb") as out:
+        for chunk in compressed():
+            out.write(chunk)
+    return Part(found[0], name, writer.crc, writer.size)

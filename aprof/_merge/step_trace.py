@@ -17,7 +17,8 @@ unreadable, on no known clock or without one event that can be placed (a timelin
 the step) is left out and named in a note, with why; one cut short is merged up to the cut,
 with a note; the rest is merged: every input is either merged or named. Each input is read
 event by event (``placing.py``), a step's captures by worker processes where it pays
-(``parallel.py``); the merged file is written as it goes, atomically. Where a replica's trace
+(``parallel.py``); the merged file is written as it goes, into the merge's own folder
+(``scratch.py``), then renamed into place. Where a replica's trace
 names the requests of its forward steps, flow arrows link each request span to them
 (``flows.py``).
 """
@@ -40,9 +41,10 @@ from aprof._merge.archive import write as write_archive
 from aprof._merge.flows import Links
 from aprof._merge.gzip_stream import Deflated, gzip_stream
 from aprof._merge.placing import FLOWS_PER_INPUT, Input, Placed, Scope, place, texts
+from aprof._merge.scratch import Scratch
 from aprof._otel import FOLDER as OTEL_FOLDER
 from aprof._otel import Collected, collected_spans, otel_folder, read_step, step_file
-from aprof._safe_files import open_folder, replace_file
+from aprof._safe_files import open_folder
 from aprof._traces.files import (
     is_trace_json,
     unreadable,
@@ -111,8 +113,11 @@ def merge(
     at once (default: the cores available, for steps whose captures are large enough to pay
     for a worker's start; 1: no worker), the merged file the same whatever their number.
 
-    Raises ``ManifestError`` when ``save_path`` holds no readable manifest and ``ValueError``
-    for a step the run did not profile; an input that cannot be merged is a note instead.
+    What the merge writes is whole before it takes its name; what a merge killed on the way
+    left is removed by the next one (``scratch.py``). Raises ``ManifestError`` when
+    ``save_path`` holds no readable manifest, ``ValueError`` for a step the run did not
+    profile and ``OSError`` when the output folder cannot be written; an input that cannot be
+    merged is a note instead.
     """
     root = Path(save_path)
     manifest = load_manifest(root)
@@ -136,16 +141,22 @@ def merge(
         raise ValueError(f"jobs must be 1 or more, got {jobs}")
     size = parallel.WORTH_BYTES if jobs is None else 0  # asked for: used whatever the size
     count = (parallel.available_cores() if jobs is None else jobs) - 1  # this one places too
-    workers = (
-        parallel.Workers(count)
-        if count > 0 and _worth_workers(root, manifest, chosen, size)
-        else None
-    )
+    folder = open_folder(where[0], where[1], create=True)
     try:
-        return [_merge_step(root, manifest, n, where, collected, workers) for n in chosen]
+        scratch = Scratch(folder)
+        workers = None
+        try:
+            if count > 0 and _worth_workers(root, manifest, chosen, size):
+                workers = parallel.Workers(count, scratch)
+            return [
+                _merge_step(root, manifest, n, where, collected, (scratch, workers)) for n in chosen
+            ]
+        finally:
+            if workers is not None:
+                workers.close()  # before the folder goes: they write there
+            scratch.close()
     finally:
-        if workers is not None:
-            workers.close()
+        os.close(folder)
 
 
 def _merge_step(
@@ -154,23 +165,23 @@ def _merge_step(
     step: int,
     where: tuple[str, list[str]],
     collected: Collected,
-    workers: parallel.Workers | None,
+    pool: tuple[Scratch, parallel.Workers | None],
 ) -> MergedStep:
     output = _Output(base_ns=manifest.clock.wall_ns)
     output.notes += collected.notes
     output.links.see_otel(collected.by_step.get(step, []), output.base_ns)
     name = f"step_{step}.trace.json.gz"
     inputs = _inputs(manifest, step)
-    chunks = gzip_stream(_document(root, manifest, step, inputs, output, (where, workers)))
+    scratch, workers = pool
+    chunks = gzip_stream(_document(root, manifest, step, inputs, output, workers))
     archive = f"step_{step}.perfetto.tar"
-    folder = open_folder(where[0], where[1], create=True)
-    try:
-        replace_file(folder, name, chunks)
-        if output.archived:
-            attributes: dict[str, str | int] = {"aprof.run_id": manifest.run_id, "aprof.step": step}
-            write_archive(folder, archive, output.archived, attributes)
-    finally:
-        os.close(folder)
+    with scratch.replacing(name) as out:
+        for chunk in chunks:
+            out.write(chunk)
+    if output.archived:
+        attributes: dict[str, str | int] = {"aprof.run_id": manifest.run_id, "aprof.step": step}
+        with scratch.replacing(archive) as out:
+            write_archive(out, output.archived, attributes)
     return MergedStep(
         step,
         Path(where[0], *where[1], name),
@@ -250,11 +261,10 @@ def _document(
     step: int,
     inputs: list[Input],
     output: _Output,
-    pool: tuple[tuple[str, list[str]], parallel.Workers | None],
+    workers: parallel.Workers | None,
 ) -> Iterator[bytes | Deflated]:
     """The merged trace's JSON text, piece by piece: the inputs in their order, each placed
     here or, where there are workers, by the worker that took it (``parallel.Shares``)."""
-    where, workers = pool
     yield b'{"displayTimeUnit":"ms","baseTimeNanoseconds":%d,"traceEvents":[' % output.base_ns
     traces = [item for item in inputs if is_trace_json(item.path)]
     output.others += [item.path for item in inputs if not is_trace_json(item.path)]
@@ -262,17 +272,19 @@ def _document(
         [item for item in traces if item.timeline_process is None] if workers else []
     )
     if workers is not None:
-        workers.serve(shares, where, root, step, output.base_ns)
+        workers.serve(shares, root, step, output.base_ns)
     first = True
     try:
         for item in traces:
-            part = _by_worker(shares.take(item), where, step, item)
-            if part is not None:
+            part = _by_worker(shares.take(item))
+            if part is not None and workers is not None:
                 if part.size:
                     if not first:
                         yield b","
-                    yield Deflated(parallel.read_part(where, step, item), part.crc, part.size)
+                    yield Deflated(workers.read_part(part), part.crc, part.size)
                     first = False
+                else:
+                    workers.discard(part)
                 placed = part.placed
             else:
                 scope = output.scopes.setdefault(item.scope, Scope())
@@ -281,10 +293,10 @@ def _document(
                 first = first and not placed.events
             output.take(item, placed)
     finally:
-        by_number = {item.number: item for item in traces}
-        for number, future in shares.close().items():  # left early: nothing left behind
-            _by_worker(future, where, step, by_number[number])  # let it end: it writes
-            parallel.remove_part(where, step, by_number[number])
+        for future in shares.close().values():  # left early: nothing left behind
+            left = _by_worker(future)  # let it end: it writes
+            if left is not None and workers is not None:
+                workers.discard(left)
     _see_otel(root, step, output)
     first_flow = len(inputs) * FLOWS_PER_INPUT + 1  # above every input's flow ids
     for text, count in texts(list(output.links.events(output.notes, first_flow))):
@@ -303,17 +315,14 @@ def _document(
     yield b'],"aprof":' + json.dumps(meta, ensure_ascii=True).encode() + b"}"
 
 
-def _by_worker(
-    future: Future[parallel.Part] | None, where: tuple[str, list[str]], step: int, item: Input
-) -> parallel.Part | None:
-    """What a worker gave for ``item`` (its text in its part file); ``None`` when no worker
-    placed it, or the worker failed (its part file, if any, removed)."""
+def _by_worker(future: Future[parallel.Part] | None) -> parallel.Part | None:
+    """What a worker gave for an input (its text in its part file); ``None`` when no worker
+    placed it, or the worker failed (the thread serving it removed its part file)."""
     if future is None:
         return None
     try:
         return future.result()
     except Exception:  # a worker that failed or died: the input is placed here instead
-        parallel.remove_part(where, step, item)
         return None
 
 

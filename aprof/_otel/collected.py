@@ -56,7 +56,7 @@ def collected_spans(folder: Path, salt: str | None, steps: set[int]) -> Collecte
             if not line.strip():
                 continue
             try:
-                spans = decode(line, JSON)
+                spans = decode(line, JSON, MAX_SPANS_PER_STEP)
             except BodyError:
                 bad += 1
                 continue

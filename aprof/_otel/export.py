@@ -6,16 +6,35 @@ Each step is one trace, as the requests' trace context has it (the run's ``trace
 the step): the step's span is its root; its requests, spans and windows are its children; a
 request's span id is the one its ``traceparent`` carried, so the servers' own spans of it
 (vLLM's ``llm_request``) join it as its children in Jaeger, Tempo or any OTLP backend.
+
+Each batch is bounded in time as a whole: connect, send, the answer's last byte and the
+exporter's own retries. The exporter's own ``timeout`` is not enough for that (its HTTP client
+bounds each read of the socket, so an endpoint that trickles its answer a byte at a time holds
+it for ever): each batch is sent from a daemon thread, waited for until the deadline, then
+left to the exporter's shutdown (a process that ends does not wait for it). The endpoint's user
+and password are never shown: every message names it as ``aprof._http.without_user`` gives
+it, and the exporter's own log lines are taken in, with the credentials blanked, as the reason
+of the one error raised.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import re
+import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeGuard
 
+import yarl
+
 from aprof._config import StepSelection
+from aprof._http import without_user
 from aprof._manifest import Manifest, load_manifest
 from aprof._otel.spans import NO_STEP
 from aprof._timeline.recorder import span_id_of
@@ -30,6 +49,26 @@ BATCH: Final = 512
 """Spans sent per export call."""
 KINDS: Final = {"request": "CLIENT", "span": "INTERNAL", "capture": "INTERNAL"}
 """The OpenTelemetry span kind of each timeline category (a request is a call to a server)."""
+SCHEMES: Final = ("http", "https")
+"""The schemes of an OTLP/HTTP endpoint."""
+_SDK_LOGGER: Final = "opentelemetry.exporter.otlp.proto.http"
+"""Where the SDK's exporter logs why a batch failed."""
+_REASON_CHARS: Final = 300
+"""The most of the exporter's reasons a message shows."""
+_USERINFO: Final = re.compile(r"//[^/@\s]*@")
+"""A URL's user and password, in a line of text."""
+
+
+@dataclass(frozen=True)
+class Exported:
+    """What :func:`export_run` sent."""
+
+    sent: int
+    """Spans the endpoint took."""
+    endpoint: str
+    """The traces URL they went to, without user and password (to be shown)."""
+    problems: tuple[str, ...]
+    """The timeline parts that could not be read, one line each."""
 
 
 def export_run(
@@ -38,19 +77,46 @@ def export_run(
     *,
     steps: StepSelection | None = None,
     timeout_s: float = 10.0,
-) -> tuple[int, list[str]]:
-    """Send the spans of the run in ``save_path`` (of ``steps``, default all) to ``endpoint``;
-    the number sent and the timeline parts that could not be read.
+) -> Exported:
+    """Send the spans of the run in ``save_path`` (of ``steps``, default all) to ``endpoint``,
+    each batch within ``timeout_s`` (connect, send, answer and retries).
 
-    Raises ``ManifestError`` without a readable manifest, ``ImportError`` without the SDK's
-    exporter and ``ConnectionError`` when the endpoint does not take a batch.
+    Raises ``ValueError`` for an endpoint that is not an http(s) URL or a timeout not above 0,
+    ``ManifestError`` without a readable manifest, ``ImportError`` without the SDK's exporter,
+    ``ConnectionError`` when the endpoint does not take a batch and ``TimeoutError`` when a
+    batch is not taken within ``timeout_s``; no message shows the endpoint's credentials.
     """
+    url = traces_url(endpoint)
+    if not timeout_s > 0:
+        raise ValueError(f"the timeout must be more than 0 s, got {timeout_s:g}")
     require()
     root = Path(save_path)
     manifest = load_manifest(root)
     problems: list[str] = []
     spans = plain_spans(root, manifest, steps, problems)
-    return export(spans, endpoint, run_id=manifest.run_id, timeout_s=timeout_s), problems
+    sent = export(spans, url, run_id=manifest.run_id, timeout_s=timeout_s)
+    return Exported(sent, without_user(url), tuple(problems))
+
+
+def traces_url(endpoint: str) -> str:
+    """The OTLP/HTTP traces URL of ``endpoint`` (a base URL, ``/v1/traces`` added, or the whole
+    traces URL). Raises ``ValueError`` naming what is wrong (without its credentials) for one
+    that is not an http:// or https:// URL with a host."""
+    shown = without_user(endpoint)
+    try:
+        parsed = yarl.URL(endpoint)
+    except ValueError:
+        raise ValueError(f"endpoint {shown}: not a URL") from None
+    if parsed.scheme.lower() not in SCHEMES:
+        scheme = f"{parsed.scheme}://" if parsed.scheme else "no scheme"
+        raise ValueError(
+            f"endpoint {shown}: {scheme} is not supported: OTLP/HTTP takes http:// or https://"
+        )
+    if not parsed.host:
+        raise ValueError(f"endpoint {shown}: no host")
+    if endpoint.rstrip("/").endswith("/v1/traces"):
+        return endpoint
+    return f"{endpoint.rstrip('/')}/v1/traces"
 
 
 def require() -> None:
@@ -94,41 +160,85 @@ def plain_spans(
                     yield span
 
 
-def export(spans: Iterator[dict[str, Any]], endpoint: str, *, run_id: str, timeout_s: float) -> int:
-    """Send ``spans`` to the OTLP/HTTP ``endpoint`` (a base URL, or one ending in
-    ``/v1/traces``) in batches; the number sent. Raises ``ConnectionError`` for a batch the
-    endpoint did not take."""
+def export(spans: Iterator[dict[str, Any]], url: str, *, run_id: str, timeout_s: float) -> int:
+    """Send ``spans`` to the OTLP/HTTP traces ``url`` (:func:`traces_url`) in batches, each
+    within ``timeout_s``; the number sent. Raises ``ConnectionError`` for a batch the endpoint
+    did not take, ``TimeoutError`` for one it did not take in time."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace.export import SpanExportResult
 
-    url = (
-        endpoint
-        if endpoint.rstrip("/").endswith("/v1/traces")
-        else f"{endpoint.rstrip('/')}/v1/traces"
-    )
+    shown = without_user(url)
     exporter: Any = OTLPSpanExporter(endpoint=url, timeout=timeout_s)
     resource = Resource.create({"service.name": "aprof", "aprof.run_id": run_id})
     make = _readable(resource)
     sent = 0
     batch: list[ReadableSpan] = []
-    try:
-        for span in spans:
-            batch.append(make(span))
-            if len(batch) == BATCH:
-                sent += _send(exporter, batch, url, SpanExportResult.SUCCESS)
-                batch = []
-        if batch:
-            sent += _send(exporter, batch, url, SpanExportResult.SUCCESS)
-    finally:
-        exporter.shutdown()
+    with _reasons(url) as reasons:
+        try:
+            for span in spans:
+                batch.append(make(span))
+                if len(batch) == BATCH:
+                    sent += _send(exporter, batch, shown, timeout_s, reasons)
+                    batch = []
+            if batch:
+                sent += _send(exporter, batch, shown, timeout_s, reasons)
+        finally:
+            exporter.shutdown()  # also cuts a retry's wait short
     return sent
 
 
-def _send(exporter: Any, batch: list[ReadableSpan], url: str, success: object) -> int:
-    if exporter.export(batch) is not success:
-        raise ConnectionError(f"{url} did not take {len(batch)} span(s) (see the log above)")
+def _send(
+    exporter: Any, batch: list[ReadableSpan], shown: str, timeout_s: float, reasons: list[str]
+) -> int:
+    """Export ``batch`` from a daemon thread, waiting for it ``timeout_s`` at most."""
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    done: Future[object] = Future()
+
+    def call() -> None:
+        try:
+            done.set_result(exporter.export(batch))
+        except BaseException as exc:  # handed to the waiting caller
+            done.set_exception(exc)
+
+    threading.Thread(target=call, name="aprof-otlp-export", daemon=True).start()
+    try:
+        result = done.result(timeout=timeout_s)
+    except FutureTimeout:
+        raise TimeoutError(
+            f"{shown} did not take {len(batch)} span(s) within {timeout_s:g} s (--timeout)"
+        ) from None
+    if result is not SpanExportResult.SUCCESS:
+        why = "; ".join(dict.fromkeys(reasons))[:_REASON_CHARS] or "refused"
+        reasons.clear()
+        raise ConnectionError(f"{shown} did not take {len(batch)} span(s): {why}")
     return len(batch)
+
+
+@contextlib.contextmanager
+def _reasons(url: str) -> Iterator[list[str]]:
+    """The SDK exporter's log lines while the block runs, as one-line reasons with the URL's
+    user and password blanked, kept from any other handler (they would show them)."""
+    parsed = yarl.URL(url)
+    passwords = sorted({p for p in (parsed.password, parsed.raw_password) if p}, key=len)[::-1]
+    found: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            text = _USERINFO.sub("//", " ".join(record.getMessage().split()))
+            for password in passwords:  # wherever else it shows
+                text = text.replace(password, "***")
+            found.append(text[:_REASON_CHARS])  # the reasons of one batch, cleared after
+
+    log = logging.getLogger(_SDK_LOGGER)
+    keep, propagate = Keep(), log.propagate
+    log.addHandler(keep)
+    log.propagate = False
+    try:
+        yield found
+    finally:
+        log.removeHandler(keep)
+        log.propagate = propagate
 
 
 def _readable(resource: Any) -> Callable[[dict[str, Any]], ReadableSpan]:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 from typing import TYPE_CHECKING, Any, Final
 
 from aprof._errors import AprofError
 
 if TYPE_CHECKING:
+    from google.protobuf.descriptor import Descriptor
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
         ExportTraceServiceRequest,
     )
@@ -38,7 +40,21 @@ REQUEST_ID: Final = "gen_ai.request.id"
 SGLang: the request's ``rid``): how a span sent without trace context finds its request."""
 ANOTHER: Final = -1
 """The "step" of a trace that is not this run's."""
+ITEMS_PER_SPAN: Final = 64
+"""What an export may hold per span it may hold, and as much again for its resources and
+scopes, counted before anything is built: protobuf fields, at any depth, or JSON's ``{``,
+``[``, ``,`` and ``:`` (one before each object, array, key or value ``json.loads`` builds).
+Real spans hold fewer: vLLM's ``llm_request`` 62 fields (108 JSON items), SGLang's 18 on
+average (its request's root 79). The most a 4 MiB export of real spans holds is about 400,000
+fields (6,600 vLLM spans) or 360,000 JSON items (3,350): a bomb within 64 a span (524,352 at
+the default 8,192 spans) costs what such an export costs (``benchmarks/bench_span_bombs.py``)."""
+MAX_DEPTH: Final = 100
+"""Messages nested below an export at most: protobuf's own limit (upb's and json_format's)."""
 _IDS: Final = ("traceId", "spanId", "parentSpanId")
+_LEN: Final = 2
+"""Protobuf's wire type of a length-delimited field (a message, bytes, a string)."""
+_NOT_PROTOBUF: Final = "not an OTLP protobuf export"
+_NOT_JSON: Final = "not an OTLP JSON export"
 
 
 class BodyError(AprofError, ValueError):
@@ -59,9 +75,11 @@ def require() -> None:
         ) from exc
 
 
-def decode(body: bytes, content_type: str) -> list[dict[str, Any]]:
-    """The spans of one OTLP/HTTP trace export (``BodyError``: 415 for another content type,
-    400 for a body that is not one)."""
+def decode(body: bytes, content_type: str, max_spans: int) -> list[dict[str, Any]]:
+    """The spans of one OTLP/HTTP trace export of at most ``max_spans`` spans (``BodyError``:
+    413 for an export of more, or of more than ``ITEMS_PER_SPAN`` items a span, told before
+    more than that many are built; 415 for another content type; 400 for a body that is not
+    an export, or nests messages deeper than ``MAX_DEPTH``)."""
     from google.protobuf import json_format
     from google.protobuf.message import DecodeError
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -70,18 +88,26 @@ def decode(body: bytes, content_type: str) -> list[dict[str, Any]]:
 
     request = ExportTraceServiceRequest()
     if content_type == PROTOBUF:
+        # Each field takes two bytes at least (its key, then a value or a length): a body of
+        # at most twice the budget holds no more fields than the budget, and protobuf's parse
+        # bounds its nesting itself. Only a larger one is walked first.
+        if len(body) > 2 * _budget(max_spans):
+            _bound_protobuf(body, max_spans)
         try:
             request.ParseFromString(body)
         except DecodeError as exc:
-            raise BodyError(400, f"not an OTLP protobuf export: {exc}") from None
+            raise BodyError(400, f"{_NOT_PROTOBUF}: {exc}") from None
     elif content_type == JSON:
+        data = _json_export(body, max_spans)
         try:
-            data = json.loads(body)
-            json_format.ParseDict(_base64_ids(data), request, ignore_unknown_fields=True)
+            json_format.ParseDict(data, request, ignore_unknown_fields=True)
         except (ValueError, TypeError, RecursionError, json_format.ParseError) as exc:
-            raise BodyError(400, f"not an OTLP JSON export: {exc}") from None
+            raise BodyError(400, f"{_NOT_JSON}: {exc}") from None
     else:
         raise BodyError(415, f"{content_type or 'no content type'}: send {PROTOBUF} or {JSON}")
+    spans = sum(len(scope.spans) for group in request.resource_spans for scope in group.scope_spans)
+    if spans > max_spans:
+        raise BodyError(413, _over(max_spans, "spans"))
     return _spans(request)
 
 
@@ -139,18 +165,152 @@ def _value(value: AnyValue) -> str | int | float | bool | None:
     return str(value)[:MAX_TEXT].strip()
 
 
-def _base64_ids(data: Any) -> Any:
-    """``data`` (OTLP JSON) with its spans' and links' hex ids as protobuf's JSON mapping
-    wants them (base64); raises ``ValueError`` for an id that is not hex."""
-    if not isinstance(data, dict):
-        raise ValueError("the body is not a JSON object")
-    for resource_spans in _list(data.get("resourceSpans")):
-        for scope_spans in _list(_dict(resource_spans).get("scopeSpans")):
-            for span in _list(_dict(scope_spans).get("spans")):
-                _convert(_dict(span))
-                for link in _list(span.get("links")):
-                    _convert(_dict(link))
+def _bound_protobuf(body: bytes, most: int) -> None:
+    """Raise ``BodyError`` before anything is built: 413 once ``body`` holds more fields, at
+    any depth, than ``_budget(most)``; 400 for messages nested deeper than ``MAX_DEPTH`` or
+    broken framing. It reads at most ``_budget(most)`` fields, never the whole of a bomb."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    _Walk(body, most).message(0, len(body), ExportTraceServiceRequest.DESCRIPTOR, 0)
+
+
+class _Walk:
+    """One walk of an export's protobuf wire format through the messages of its schema."""
+
+    def __init__(self, body: bytes, most: int) -> None:
+        self.body = body
+        self.most = most
+        self.left = _budget(most)
+        """Fields the export may still hold."""
+
+    def message(self, at: int, end: int, descriptor: Descriptor, depth: int) -> None:
+        """Count the fields of the message in ``body[at:end]`` and of every message in it."""
+        if depth > MAX_DEPTH:
+            raise BodyError(400, f"{_NOT_PROTOBUF}: messages nested over {MAX_DEPTH} deep")
+        children = _children(descriptor)
+        body, left = self.body, self.left
+        while at < end:
+            left -= 1
+            if left < 0:
+                raise BodyError(413, _over_budget(self.most, "protobuf fields"))
+            # Keys, lengths and values of one byte inline: this loop is the whole cost.
+            key = body[at]
+            if key < 0x80:
+                at += 1
+            else:
+                key, at = _varint(body, at, end)
+            wire, start = key & 7, at
+            if wire == _LEN:
+                if at < end and body[at] < 0x80:
+                    start = at + 1
+                    at = start + body[at]
+                else:
+                    length, start = _varint(body, at, end)
+                    at = start + length
+            elif wire == 0:
+                if at < end and body[at] < 0x80:
+                    at += 1
+                else:
+                    _, at = _varint(body, at, end)
+            elif wire == 1:
+                at += 8
+            elif wire == 5:
+                at += 4
+            else:
+                raise BodyError(400, f"{_NOT_PROTOBUF}: wire type {wire} at byte {start - 1}")
+            if at > end:
+                raise BodyError(400, f"{_NOT_PROTOBUF}: a field runs past its message's end")
+            child = children.get(key)
+            if child is not None:
+                self.left = left
+                self.message(start, at, child, depth + 1)
+                left = self.left
+        self.left = left
+
+
+@functools.cache
+def _children(descriptor: Descriptor) -> dict[int, Descriptor]:
+    """The message-typed fields of ``descriptor``'s message, by their key on the wire (their
+    number and the length-delimited wire type)."""
+    return {
+        field.number << 3 | _LEN: field.message_type
+        for field in descriptor.fields
+        if field.message_type is not None
+    }
+
+
+def _varint(body: bytes, at: int, end: int) -> tuple[int, int]:
+    """The varint at ``body[at]`` and where it ends."""
+    value = 0
+    for shift in range(0, 70, 7):
+        if at >= end:
+            raise BodyError(400, f"{_NOT_PROTOBUF}: cut short in a varint")
+        byte = body[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, at
+    raise BodyError(400, f"{_NOT_PROTOBUF}: a varint of more than 10 bytes")
+
+
+def _budget(most: int) -> int:
+    """The items an export of at most ``most`` spans may hold: ``ITEMS_PER_SPAN`` per span,
+    and as many again for its resources and scopes."""
+    return (most + 1) * ITEMS_PER_SPAN
+
+
+def _over(most: int, what: str) -> str:
+    return f"an export holds at most {most} {what} (otel.max_spans_per_body); this one more"
+
+
+def _over_budget(most: int, what: str, count: str = "more") -> str:
+    return (
+        f"an export of at most {most} spans (otel.max_spans_per_body) holds at most "
+        f"{_budget(most)} {what} ({ITEMS_PER_SPAN} a span); this one {count}"
+    )
+
+
+def _json_export(body: bytes, most: int) -> dict[str, Any]:
+    """``body``, an OTLP JSON export of at most ``_budget(most)`` items, with its ids as
+    protobuf's JSON mapping wants them (``BodyError``: 413 for more items, 400 for another
+    body)."""
+    # json.loads builds every object, array, key and value of the body at once: bound them
+    # first (bytes counted in C, nothing built; each follows a `{`, `[`, `,` or `:`, and those
+    # inside strings only count too many).
+    items = sum(body.count(mark) for mark in (b"{", b"[", b",", b":"))
+    if items > _budget(most):
+        raise BodyError(413, _over_budget(most, "JSON items ({, [, , and :)", str(items)))
+    try:
+        data = _dict(json.loads(body))
+        spans = _json_spans(data)
+    except (ValueError, RecursionError) as exc:
+        raise BodyError(400, f"{_NOT_JSON}: {exc}") from None
+    try:
+        for span in spans:
+            _base64_ids(span)
+    except ValueError as exc:
+        raise BodyError(400, f"{_NOT_JSON}: {exc}") from None
     return data
+
+
+def _json_spans(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The spans of ``data`` (OTLP JSON); raises ``ValueError`` for a body not shaped as one."""
+    return [
+        _dict(span)
+        for resource_spans in _list(data.get("resourceSpans"))
+        for scope_spans in _list(_dict(resource_spans).get("scopeSpans"))
+        for span in _list(_dict(scope_spans).get("spans"))
+    ]
+
+
+def _base64_ids(span: dict[str, Any]) -> None:
+    """``span``'s and its links' hex ids (OTLP JSON) as protobuf's JSON mapping wants them
+    (base64); raises ``ValueError`` for an id that is not hex."""
+    _convert(span)
+    for link in _list(span.get("links")):
+        _convert(_dict(link))
 
 
 def _convert(holder: dict[str, Any]) -> None:

@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from aprof._accounting import BASELINE, FACTOR, Ledger, StepAccount
-from aprof._manifest import Manifest, TimelineFile, WindowRecord, load_manifest
+from aprof._manifest import Manifest, TimelineFile, WindowRecord, load_manifest, split_notes
 from aprof._report import traces
 from aprof._report.clock import MAX_NS, Earliest
 from aprof._report.ledgers import Writes, read_writes, take_ledgers
@@ -81,6 +81,8 @@ MAX_INPUT_BYTES = 2 << 30
 are read event by event, whatever their size)."""
 RUN_VALUES = 100_000
 """The most values the run-wide latency distributions keep for their percentiles."""
+NO_TIMELINE = "no timeline in this run (timeline.enable: false?): no request latencies"
+"""The note of a run without a timeline."""
 
 
 def report(save_path: str | os.PathLike[str], *, html: bool = True) -> RunReport:
@@ -118,7 +120,7 @@ def collect(save_path: str | os.PathLike[str]) -> RunReport:
     requests = Requests(set(by_step), ledger)
     taken = take_ledgers(str(root), manifest, ledger, set(by_step))
     requests.accounted = taken.processes
-    problems = [f"{n.text}" for n in manifest.notes if n.step is None]
+    problems, notes = split_notes(manifest.notes)
     problems += _read_timelines(root, manifest, requests, skip=taken.accounted)
     problems += _read_writes(root, manifest, requests, taken.writes)
     stages = traces.stage_names(manifest)
@@ -127,14 +129,9 @@ def collect(save_path: str | os.PathLike[str]) -> RunReport:
         replica = target.removeprefix("replica_")
         if replica.isdigit() and len(replica) < 19:
             ledger.capture_started(step, int(replica), round(when_us * 1000))
-    notes = tuple(
-        f"step {n.step}{f' {n.target}' if n.target else ''}: {n.text}"
-        for n in manifest.notes
-        if n.step is not None
-    )
-    notes += tuple(taken.notes)
+    notes += taken.notes
     if not manifest.timeline:
-        notes += ("no timeline in this run (timeline.enable: false?): no request latencies",)
+        notes.append(NO_TIMELINE)
     profiled, unprofiled = _run_latencies(ledger, set(by_step))
     found = tuple(ledger.accounts(*_anomaly_rule(manifest)))
     server, unread = server_sides(root, found)
@@ -145,7 +142,7 @@ def collect(save_path: str | os.PathLike[str]) -> RunReport:
         latency_profiled=profiled,
         latency_unprofiled=unprofiled,
         problems=(*problems, *unread),
-        notes=notes,
+        notes=tuple(notes),
         accounts=found,
         server=server,
     )
@@ -197,7 +194,8 @@ class Accounting(NamedTuple):
     save_path: Path
     accounts: tuple[StepAccount, ...]
     problems: tuple[str, ...]
-    """Run-wide problems: the manifest's notes of no step, timelines that cannot be read."""
+    """Run-wide problems: the manifest's notes that are problems, timelines that cannot be
+    read."""
     notes: tuple[str, ...]
     server: dict[int, Any] = {}  # noqa: RUF012 (a NamedTuple's default, never changed)
     """Per step with the servers' own spans, their side (:mod:`aprof._report.server`)."""
@@ -215,11 +213,11 @@ def accounting(save_path: str | os.PathLike[str]) -> Accounting:
     taken = take_ledgers(str(root), manifest, ledger, set())
     requests = Requests(set(), ledger)
     requests.accounted = taken.processes
-    notes = taken.notes
-    problems = [n.text for n in manifest.notes if n.step is None]
+    problems, notes = split_notes(manifest.notes)
+    notes += taken.notes
     problems += _read_timelines(root, manifest, requests, skip=taken.accounted)
     if not manifest.timeline:
-        notes.append("no timeline in this run (timeline.enable: false?): no request latencies")
+        notes.append(NO_TIMELINE)
     found = tuple(ledger.accounts(*_anomaly_rule(manifest)))
     server, unread = server_sides(root, found)
     return Accounting(

@@ -114,9 +114,10 @@ class RunReport:
     latency_unprofiled: Distribution
     """Every request of the steps that were not profiled (the observer effect's baseline)."""
     problems: tuple[str, ...] = ()
-    """Run-wide: notes of no step, dropped timeline events, unreadable timelines."""
+    """Run-wide: the manifest's notes that are problems (``Note.level``), dropped timeline
+    events, unreadable timelines."""
     notes: tuple[str, ...] = field(default=())
-    """Things to know that are not problems (the manifest's notes of each step)."""
+    """Things to know that are not problems: the manifest's other notes, ledgers not used."""
     html: Path | None = None
     """Where :func:`report` wrote the HTML report; ``None`` from :func:`collect`."""
     accounts: tuple[StepAccount, ...] = ()

@@ -86,6 +86,8 @@ class WriterProcess:
     def _start(cls) -> WriterProcess | None:
         package = os.path.dirname(os.path.abspath(_safe_files.__file__))
         timeline = os.path.dirname(os.path.abspath(protocol.__file__))
+        # -I -S: it needs the standard library alone, so neither the working folder nor
+        # PYTHONPATH nor any site folder is on its sys.path to shadow a module of it.
         command = [sys.executable, "-I", "-S", "-c", _CHILD, package, timeline]
         try:
             proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)

@@ -128,6 +128,8 @@ class TraceStream(Generic[E]):
         self._pos = 0
         self._eof = False
         self._array = False
+        self._ended = False
+        """The events' closing bracket was read."""
         self._slow_until = 0
         self._damage: BaseException | None = None
         """Why the file's JSON ended early (a gzip stream cut short, corrupt, unreadable)."""
@@ -190,12 +192,13 @@ class TraceStream(Generic[E]):
         yield from self._read()
 
     def _read(self) -> Iterator[list[E]]:
-        if not self._found_events or self.stopped is not None:
+        if not self._found_events or self._ended or self.stopped is not None:
             return
         try:
             while True:
                 self._skip_separators()
                 if self._at(b"]"):
+                    self._ended = True  # read again (the clock's look ahead, then batches): none
                     return
                 self._fill(1)
                 if self._pos >= len(self._buf):

@@ -222,9 +222,10 @@ async def _servers(
     kind, *rest = args.server
     if kind in _URL_SERVERS:
         # Both serve the OpenAI completions API the agent loops speak, and list the model.
-        model = await _served_model(rest[0])
         adapter = VLLMServer if kind == "vllm" else SGLangServer
-        return rest, model, [adapter(url, replica=r) for r, url in enumerate(rest)]
+        targets = [adapter(url, replica=r) for r, url in enumerate(rest)]
+        model = await _served_model(rest[0], shown=targets[0].base_url)
+        return rest, model, list(targets)
     sglang = rest == ["sglang"]
     specs = [
         launch_spec(
@@ -258,8 +259,9 @@ async def _servers(
     )
 
 
-async def _served_model(url: str) -> str:
-    """The model a running vLLM or SGLang server serves (its first ``/v1/models`` entry)."""
+async def _served_model(url: str, *, shown: str) -> str:
+    """The model a running vLLM or SGLang server serves (its first ``/v1/models`` entry);
+    ``shown`` is ``url`` as an error names it (without its user and password)."""
     try:
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
@@ -268,8 +270,11 @@ async def _served_model(url: str) -> str:
             response.raise_for_status()
             body: dict[str, Any] = await response.json()
             return str(body["data"][0]["id"])
+    except aiohttp.ClientResponseError as exc:  # its text names the URL as given
+        raise _ServerError(f"{shown}/v1/models answered {exc.status}") from None
     except (aiohttp.ClientError, TimeoutError, KeyError, IndexError, ValueError) as exc:
-        raise _ServerError(f"cannot read the served model from {url}/v1/models: {exc}") from None
+        why = describe(exc)
+        raise _ServerError(f"cannot read the served model from {shown}/v1/models: {why}") from None
 
 
 def _samples() -> Iterator[Sample]:

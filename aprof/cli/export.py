@@ -12,8 +12,9 @@ Trace Analysis reads as it is (``TraceAnalysis(trace_dir=DIR)``): one torch trac
 ROLE in step N, linked (or copied), each naming its rank, nothing else in it (default
 SAVE_PATH/hta/step_<n>/<role>).
 
-Exits 1 with one line when SAVE_PATH holds no run, the endpoint does not take the spans, or
-the step, role or stage has no trace to export.
+Exits 1 with one line when SAVE_PATH holds no run, the endpoint is not an http(s) URL or
+does not take the spans within --timeout (each batch: connect, send, answer), or the step,
+role or stage has no trace to export. No line shows the endpoint's user or password.
 """
 
 from __future__ import annotations
@@ -35,7 +36,11 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     otlp.add_argument("--endpoint", required=True, metavar="URL", help="the OTLP/HTTP endpoint")
     otlp.add_argument("--steps", help="steps to send, e.g. 1,3 or 2-4 (default all)")
     otlp.add_argument(
-        "--timeout", type=float, default=10.0, metavar="S", help="per batch (default 10 s)"
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="the most one batch may take: connect, send, answer, retries (default 10 s)",
     )
     hta = kinds.add_parser("hta", help="a step's rank traces as Holistic Trace Analysis reads them")
     hta.add_argument("save_path", metavar="SAVE_PATH", help="a profiled run's save_path")
@@ -51,14 +56,12 @@ def run(args: argparse.Namespace) -> int:
         return _hta(args)
     try:
         steps = None if args.steps is None else StepSelection.parse(args.steps, key="--steps")
-        sent, problems = export_run(
-            args.save_path, args.endpoint, steps=steps, timeout_s=args.timeout
-        )
+        exported = export_run(args.save_path, args.endpoint, steps=steps, timeout_s=args.timeout)
     except (ManifestError, ValueError, OSError, ImportError, ConnectionError) as exc:
         print(f"aprof export: {exc}".replace("\n", "\\n"), file=sys.stderr)
         return 1
-    print(f"{sent} spans sent to {args.endpoint}")
-    for problem in problems:
+    print(f"{exported.sent} spans sent to {exported.endpoint}")
+    for problem in exported.problems:
         print(f"  not sent: {problem}")
     return 0
 

@@ -6,17 +6,20 @@ alive or ended (a status that says running on this host whose process is gone is
 ended: killed?), the step open and for how long, the open windows and their phases, the last
 finished windows with their state and forward steps, the last ``LAST_STEPS`` steps' accounting
 (wall time, rollout, train, overlap and idle as shares of it, requests, p99, tail, anomaly),
-the steps captures and triggers have planned, each trigger and its baseline, and the run's
-problems. A run without a status (an older run) is read from its manifest instead. With
---watch, redraw every --interval seconds until Ctrl-C, also after the run has ended. With
---json, print one JSON object: the status's fields plus alive, liveness, source ("status" or
-"manifest"), last_steps and accounting_error. Exits 1 with one line when SAVE_PATH holds no run
-or its files cannot be read.
+the steps captures and triggers have planned, each trigger and its baseline, the run's
+problems (the status's, and those of its manifest and timelines as ``aprof report`` has them:
+the manifest's notes are problems or notes as their ``level`` says) and its last notes. A run
+without a status (an older run) is read from its manifest instead. With --watch, redraw every
+--interval seconds until Ctrl-C, also after the run has ended. With --json, print one JSON
+object: the status's fields (``problems`` with the manifest's) plus alive, liveness, source
+("status" or "manifest"), last_steps, accounting_error and notes. Exits 1 with one line when
+SAVE_PATH holds no run or its files cannot be read.
 
-The accounting (``aprof._report.accounts``) reads the manifest and every timeline file it
-lists, seconds on a long run: --watch reads it again at most every ``ACCOUNTING_EVERY_S``
-seconds and shows the last result between. It never breaks status: a run without a manifest
-has no such section, and any failure of it is one line there (``accounting unavailable: ...``).
+The accounting (``aprof._report.accounting``, with the run's problems and notes) reads the
+manifest and every timeline file it lists, seconds on a long run: --watch reads it again at
+most every ``ACCOUNTING_EVERY_S`` seconds and shows the last result between. It never breaks
+status: a run without a manifest has no such section, and any failure of it is one line there
+(``accounting unavailable: ...``).
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ NONE: Final = "-"
 """A value not known (yet)."""
 LAST_STEPS: Final = 5
 """Accounted steps shown, the last ones."""
+LAST_NOTES: Final = 10
+"""Notes shown, the last ones (``--json`` has them all)."""
 ACCOUNTING_EVERY_S: Final = 10.0
 """How often --watch reads the accounting again at most (it reads every timeline file)."""
 
@@ -262,7 +267,8 @@ def _config_steps(config: dict[str, Any]) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class LastSteps:
-    """The last steps' accounting as read once: the steps, or why there are none."""
+    """The last steps' accounting as read once: the steps, or why there are none; with the
+    run's problems and notes read with it."""
 
     steps: tuple[StepAccount, ...]
     """At most ``LAST_STEPS``, by step, the last ones."""
@@ -270,31 +276,41 @@ class LastSteps:
     """What the section says without a step."""
     error: str | None = None
     """Why the accounting could not be read (one line), ``None`` when it was."""
+    problems: tuple[str, ...] = ()
+    """The manifest's notes that are problems, timelines that cannot be read (the report's
+    run-wide problems)."""
+    notes: tuple[str, ...] = ()
+    """The manifest's other notes, and the accounting's own."""
 
 
 def last_steps(root: Path) -> LastSteps | None:
     """The accounting of the run's last steps as far as its timelines are written; ``None``
     when ``root`` has no manifest (nothing to account). Never raises (but on Ctrl-C)."""
     try:
-        from aprof._report import accounts
+        from aprof._report import accounting
 
-        steps = sorted(accounts(root), key=lambda account: account.step)
+        found = accounting(root)
     except ManifestError as exc:
         if not (root / "manifest.json").exists():
             return None
         return _unavailable(exc)
     except Exception as exc:  # whatever it is, status still shows the rest
         return _unavailable(exc)
-    if steps:
-        return LastSteps(tuple(steps[-LAST_STEPS:]), empty="none")
-    try:
-        files = len(load_manifest(root).timeline)
-    except Exception as exc:
-        return _unavailable(exc)
-    if not files:
-        return LastSteps((), empty="no timeline (timeline.enable false, or none written yet)")
-    why = f"its {files} timeline file(s) hold no ended step, or cannot be read"
-    return LastSteps((), empty=f"none accounted: {why}")
+    steps = sorted(found.accounts, key=lambda account: account.step)
+    empty = "none"
+    if not steps:
+        try:
+            files = len(load_manifest(root).timeline)
+        except Exception as exc:
+            return _unavailable(exc)
+        empty = (
+            f"none accounted: its {files} timeline file(s) hold no ended step, or cannot be read"
+            if files
+            else "no timeline (timeline.enable false, or none written yet)"
+        )
+    return LastSteps(
+        tuple(steps[-LAST_STEPS:]), empty=empty, problems=found.problems, notes=found.notes
+    )
 
 
 def _unavailable(exc: BaseException) -> LastSteps:
@@ -329,10 +345,11 @@ class Accountant:
 
 
 def as_json(view: RunView, accounting: LastSteps | None = None) -> dict[str, Any]:
-    """The status's fields (unknown ones ``null`` when read from a manifest), plus ``alive``,
-    ``liveness``, ``source``, ``last_steps`` (each step's ``StepAccount.as_json()``; ``null``
-    without a manifest or when the accounting failed) and ``accounting_error`` (why it failed,
-    else ``null``)."""
+    """The status's fields (unknown ones ``null`` when read from a manifest; ``problems``
+    with the manifest's after the status's), plus ``alive``, ``liveness``, ``source``,
+    ``last_steps`` (each step's ``StepAccount.as_json()``; ``null`` without a manifest or when
+    the accounting failed), ``accounting_error`` (why it failed, else ``null``) and ``notes``
+    (every note of the manifest that is no problem, and the accounting's own)."""
     if view.status is not None:
         data: dict[str, Any] = view.status.model_dump(mode="json", by_alias=True)
     else:
@@ -349,7 +366,13 @@ def as_json(view: RunView, accounting: LastSteps | None = None) -> dict[str, Any
             triggers=[],
             problems=list(view.problems),
         )
-    data.update(alive=view.alive, liveness=view.liveness, source=view.source)
+    data.update(
+        alive=view.alive,
+        liveness=view.liveness,
+        source=view.source,
+        problems=list(run_problems(view, accounting)),
+        notes=[] if accounting is None else list(accounting.notes),
+    )
     if accounting is None or accounting.error is not None:
         data.update(
             last_steps=None, accounting_error=None if accounting is None else accounting.error
@@ -383,7 +406,8 @@ def sections(view: RunView, now_ns: int, accounting: LastSteps | None = None) ->
         *([] if accounting is None else [accounted_steps(accounting)]),
         planned_steps(view),
         triggers(view),
-        problems(view),
+        problems(view, accounting),
+        notes(accounting),
     ]
 
 
@@ -520,9 +544,22 @@ def triggers(view: RunView) -> Section:
     return Section("triggers", header, rows)
 
 
-def problems(view: RunView) -> Section:
-    """What went wrong, newest last."""
-    return Section("problems", ("problem",), tuple((one_line(p),) for p in view.problems))
+def problems(view: RunView, accounting: LastSteps | None = None) -> Section:
+    """What went wrong: the status's problems, newest last, then the manifest's."""
+    rows = tuple((one_line(p),) for p in run_problems(view, accounting))
+    return Section("problems", ("problem",), rows)
+
+
+def run_problems(view: RunView, accounting: LastSteps | None) -> tuple[str, ...]:
+    """The status's problems (or the manifest's failed windows), then the problems the
+    accounting read with the manifest and timelines."""
+    return view.problems + (() if accounting is None else accounting.problems)
+
+
+def notes(accounting: LastSteps | None) -> Section:
+    """The last ``LAST_NOTES`` notes of the run that are no problem, newest last."""
+    shown = () if accounting is None else accounting.notes[-LAST_NOTES:]
+    return Section("notes", ("note",), tuple((one_line(n),) for n in shown))
 
 
 def duration(seconds: float | None) -> str:

@@ -65,6 +65,9 @@ class Decision(NamedTuple):
 class Mail:
     """What waits for the driver: asks that open a window, reports, calls."""
 
+    number: int
+    """The hub's number for it: the driver's next pull says the last it took, and the hub
+    keeps each until then."""
     asks: list[tuple[int, int]] = field(default_factory=list)
     reports: dict[str, Report] = field(default_factory=dict)
     calls: dict[int, Call] = field(default_factory=dict)
@@ -97,6 +100,9 @@ class Hub:
         self._reports: dict[str, Report] = {}
         self._calls: dict[int, Call] = {}
         """Calls the driver has not pulled yet."""
+        self._outbox: dict[int, Mail] = {}
+        """Mail handed out that the driver has not said it took, by number."""
+        self._mail_numbers = itertools.count(1)
         self._deciding: dict[int, asyncio.Future[Decision]] = {}
         """The calls waiting for the driver's decision, pulled or not."""
         self._numbers = itertools.count(1)
@@ -137,12 +143,18 @@ class Hub:
                 self._processes[name].lagging = True
             return late
 
-    async def pull(self, wait_s: float) -> Mail:
-        """The mail waiting for the driver: asks, reports and calls (waiting up to ``wait_s``
-        for some)."""
+    async def pull(self, wait_s: float, taken: int) -> list[Mail]:
+        """The mail the driver has not taken, oldest first: every one numbered above
+        ``taken``, the last it took (waiting up to ``wait_s`` for some).
+
+        Mail stays here until a later pull says it was taken: Ray runs a call whose caller
+        stopped waiting (a pull the driver gave up on, as the hub started late, or cancelled
+        as it closed), and the mail that call takes would otherwise reach nobody."""
+        for number in [n for n in self._outbox if n <= taken]:
+            del self._outbox[number]
 
         def waiting() -> bool:
-            return bool(self._asks or self._reports or self._calls or self._woken)
+            return bool(self._outbox or self._asks or self._reports or self._calls or self._woken)
 
         try:
             async with asyncio.timeout(wait_s), self._mail:
@@ -150,9 +162,11 @@ class Hub:
         except TimeoutError:
             pass
         self._woken = False
-        mail = Mail(sorted(self._asks), self._reports, self._calls)
-        self._asks, self._reports, self._calls = set(), {}, {}
-        return mail
+        if self._asks or self._reports or self._calls:
+            number = next(self._mail_numbers)
+            self._outbox[number] = Mail(number, sorted(self._asks), self._reports, self._calls)
+            self._asks, self._reports, self._calls = set(), {}, {}
+        return list(self._outbox.values())
 
     async def decided(self, decisions: dict[int, Decision]) -> None:
         """The driver's decisions on the calls it pulled, by number: each goes to the process

@@ -55,7 +55,7 @@ def share(prof: Profiler | BlockingProfiler) -> ShareHandle:
     if isinstance(serving.link, _DriverLink):
         return serving.link.handle
     try:
-        loop = asyncio.get_running_loop()
+        asyncio.get_running_loop()
     except RuntimeError:
         raise UsageError(
             "aprof.ray.share(prof) runs in the profiler's event loop, inside `async with prof:`"
@@ -83,11 +83,7 @@ def share(prof: Profiler | BlockingProfiler) -> ShareHandle:
         run_id=prof.run_id,
         trace_salt=prof.manifest.trace_salt,
     )
-    link = _DriverLink(serving, handle)
-    serving.link = link
-    link.changed()
-    link.pulling = loop.create_task(link.pull(), name="aprof-hub-pull")
-    return handle
+    return _DriverLink.started(serving, handle).handle
 
 
 class _DriverLink:
@@ -103,10 +99,22 @@ class _DriverLink:
         """Why the hub cannot be reached (said once)."""
         self._closed: set[str] = set()
         """Processes that closed their remote profiler."""
+        self._taken = 0
+        """The number of the last mail taken from the hub: each pull says it."""
         self._closing = False
         """The profiler closes: views tell the processes to close, and the pull in flight
         is the last of the loop."""
         self._log = logger.bind(run_id=handle.run_id)
+
+    @classmethod
+    def started(cls, serving: Serving, handle: ShareHandle) -> _DriverLink:
+        """``serving``'s link to the hub behind ``handle``, from now on: the view is sent and
+        the pull of the hub's mail runs (in this event loop)."""
+        link = cls(serving, handle)
+        serving.link = link
+        link.changed()
+        link.pulling = asyncio.get_running_loop().create_task(link.pull(), name="aprof-hub-pull")
+        return link
 
     def changed(self) -> None:
         if self._gone is not None:
@@ -139,6 +147,7 @@ class _DriverLink:
                 None,
                 f"{name} did not take step {step} within timeouts.connect_s: steps no longer "
                 "wait for it until it answers again (it may be gone)",
+                level="problem",
             )
 
     async def pull(self) -> None:
@@ -147,29 +156,34 @@ class _DriverLink:
         while not self._closing:
             try:
                 async with asyncio.timeout(PULL_S + self.serving.config.timeouts.connect_s):
-                    mail: Mail = await self.handle.hub.pull.remote(PULL_S)
-            except TimeoutError:
+                    mails: list[Mail] = await self.handle.hub.pull.remote(PULL_S, self._taken)
+            except TimeoutError:  # a slow hub (starting, say): the next pull gets this mail
                 continue
             except Exception as exc:
                 self._lost(exc)
                 return
-            self._deliver(mail)
+            self._deliver(mails)
 
-    def _deliver(self, mail: Mail) -> Any:
-        """Act on ``mail``, here in the profiler's event loop; returns the hub call that
-        carries the decisions on its capture requests (``None`` when it has none)."""
-        for step, replica in mail.asks:
-            self.serving.open_for(step, replica)
-        for name, report in mail.reports.items():
-            try:
-                self.serving.take_report(name, report)
-            except Exception as exc:  # a report that does not parse costs itself only
-                self._log.warning("report not taken", process=name, error=describe(exc))
-            if report.closed:
-                self._closed.add(name)
-        if not mail.calls:
+    def _deliver(self, mails: list[Mail]) -> Any:
+        """Act on ``mails``, here in the profiler's event loop; returns the hub call that
+        carries the decisions on their calls (``None`` when they have none)."""
+        decisions: dict[int, Decision] = {}
+        for mail in mails:
+            if mail.number <= self._taken:
+                continue  # taken from an earlier pull's answer: reports count once
+            for step, replica in mail.asks:
+                self.serving.open_for(step, replica)
+            for name, report in mail.reports.items():
+                try:
+                    self.serving.take_report(name, report)
+                except Exception as exc:  # a report that does not parse costs itself only
+                    self._log.warning("report not taken", process=name, error=describe(exc))
+                if report.closed:
+                    self._closed.add(name)
+            decisions.update((number, self._decide(call)) for number, call in mail.calls.items())
+            self._taken = mail.number
+        if not decisions:
             return None
-        decisions = {number: self._decide(call) for number, call in mail.calls.items()}
         try:  # not awaited: the pull goes on; a process that gave up meanwhile has its error
             return self.handle.hub.decided.remote(decisions)
         except Exception as exc:
@@ -201,7 +215,8 @@ class _DriverLink:
         if self._gone is None:
             await self._close_processes()
         try:
-            # Not cancelled: a pull cancelled on its way back would lose the mail it took.
+            # The pull in flight returns at the wake; cancelled only when the hub is slow
+            # (what it took, the last pull below takes again).
             async with asyncio.timeout(self.serving.config.timeouts.connect_s + 1.0):
                 if self._gone is None:
                     await hub.wake.remote()
@@ -217,7 +232,7 @@ class _DriverLink:
         try:
             async with asyncio.timeout(self.serving.config.timeouts.connect_s + 1.0):
                 processes: dict[str, str] = await hub.processes.remote()
-                decided = self._deliver(await hub.pull.remote(0.0))
+                decided = self._deliver(await hub.pull.remote(0.0, self._taken))
                 if decided is not None:  # before the hub ends: those waiting hear why
                     await decided
         except Exception as exc:
@@ -233,6 +248,7 @@ class _DriverLink:
                     None,
                     f"{name} did not close its remote profiler ({state}): what it counted "
                     "after its last report is not in the windows",
+                    level="problem",
                 )
 
     async def _close_processes(self) -> None:
@@ -258,6 +274,7 @@ class _DriverLink:
             None,
             f"the hub shared with other processes is gone ({self._gone}): their requests "
             "are no longer gated or counted",
+            level="problem",
         )
 
 

@@ -300,6 +300,8 @@ def test_demo_bad_input_is_one_line(tmp_path: Path) -> None:
         (["sglang", "h:1"], "--server sglang: not an http(s) URL: 'h:1'"),
         (["reference", "http://h:1"], "--server reference: expected the dialect 'vllm' or"),
         (["sglang", "http://127.0.0.1:1"], "cannot read the served model from http://127.0.0.1:1"),
+        # The URL's user and password are never shown.
+        (["vllm", "http://u:secret@127.0.0.1:1"], "cannot read the served model from http://127"),
     ],
 )
 def test_demo_bad_server_is_one_line(tmp_path: Path, server: list[str], line: str) -> None:
@@ -308,6 +310,7 @@ def test_demo_bad_server_is_one_line(tmp_path: Path, server: list[str], line: st
     assert done.returncode == 1
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     assert done.stderr.startswith(f"aprof demo: {line}"), done.stderr
+    assert "secret" not in done.stderr + done.stdout
 
 
 def test_custom_target_example(tmp_path: Path) -> None:

@@ -553,7 +553,7 @@ async def test_any_failure_of_the_accounting_is_one_line(
     def broken(save_path: Path) -> tuple[object, ...]:
         raise RuntimeError("the ledger broke\nsecond line")
 
-    monkeypatch.setattr(aprof._report, "accounts", broken)
+    monkeypatch.setattr(aprof._report, "accounting", broken)
     capsys.readouterr()
     assert aprof.cli.main(["status", str(save_path)]) == 0
     out = capsys.readouterr().out
@@ -576,7 +576,7 @@ def test_watch_reads_the_accounting_at_most_every_accounting_every_s(
         reads.append(save_path)
         raise RuntimeError(f"read {len(reads)}")
 
-    monkeypatch.setattr(aprof._report, "accounts", counted)
+    monkeypatch.setattr(aprof._report, "accounting", counted)
     (tmp_path / "manifest.json").write_text("{}")
     now = [100.0]
     accountant = status_cli.Accountant(tmp_path, clock=lambda: now[0])

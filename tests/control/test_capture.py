@@ -24,7 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import aprof
 from aprof._config import load_config
-from aprof._control import CaptureRequest, ControlFolder
+from aprof._control import CaptureRequest, ControlFolder, bad_field
 from aprof._core.plan import Plan
 from aprof._core.targets import Targets
 from aprof._workers import LocalWorker, WorkerProfiler
@@ -161,6 +161,27 @@ async def test_a_malformed_request_raises_one_config_error(
         with pytest.raises(aprof.ConfigError) as caught:
             prof.capture(**kwargs)
     assert caught.value.key == key
+
+
+@pytest.mark.parametrize(
+    ("data", "told"),
+    [
+        (
+            {"id": "a", "zzzz": 1},
+            "zzzz: unknown key; expected one of 'schema', 'id', 'next', 'steps', 'replicas', "
+            "'roles', 'forward_steps'",
+        ),
+        (
+            {"id": "a", "schema_": "aprof.capture-request/1"},
+            "schema_: unknown key; did you mean 'schema'?",
+        ),
+    ],
+)
+def test_an_unknown_key_is_told_the_keys_as_written(data: dict[str, Any], told: str) -> None:
+    """The keys a request is told to use are its JSON keys, not the model's field names."""
+    with pytest.raises(aprof.ConfigError) as caught:
+        CaptureRequest.parse(data)
+    assert bad_field(caught.value) == f"malformed request: {told}"
 
 
 async def test_capture_on_a_closed_profiler_is_a_usage_error(make_config: MakeConfig) -> None:

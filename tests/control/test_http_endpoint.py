@@ -3,9 +3,13 @@ guard, capture requests decided by the run, the status, and what may go wrong at
 
 from __future__ import annotations
 
+import asyncio
+import gzip
 import json
 import secrets
 import socket
+import tracemalloc
+import zlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -355,3 +359,91 @@ async def test_a_port_taken_is_a_problem_and_the_run_goes_on(
             assert any("control endpoint" in p for p in written["problems"])
         assert not (prof.save_path / "control" / "endpoint.json").exists()
     assert [(w.step, w.requested_by) for w in prof.manifest.windows] == [(1, "on_demand")]
+
+
+def _bomb(size: int) -> bytes:
+    """``size`` zero bytes gzip-compressed, built a MiB at a time (memory flat)."""
+    stream = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    zeros = bytes(1 << 20)
+    return b"".join(stream.compress(zeros) for _ in range(size >> 20)) + stream.flush()
+
+
+async def test_a_gzip_bomb_without_the_token_is_refused_before_its_body(
+    http_config: MakeConfig,
+) -> None:
+    """Its headers alone are answered 401 and the connection closed: the body, never sent,
+    is never read nor inflated."""
+    async with aprof.Profiler(http_config()) as prof:
+        host, port = (prof._control.http or "").rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            b"POST /capture HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Encoding: gzip\r\nContent-Length: 60000\r\n\r\n"
+        )
+        async with asyncio.timeout(LIMIT_S):
+            answer = await reader.read()  # until the endpoint closes the connection
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 401")
+        assert prof._control.status().planned == []
+        endpoint = prof._control._endpoint
+        assert endpoint is not None and endpoint._server is not None
+        assert endpoint._server.counts.unauthorized == 1
+
+
+async def test_a_gzip_bomb_with_the_token_is_413_and_memory_stays_flat(
+    http_config: MakeConfig, client: aiohttp.ClientSession, token: str
+) -> None:
+    bomb = _bomb(48 << 20)  # 48 MiB of zeros in some 48 KiB
+    assert len(bomb) < MAX_REQUEST_BYTES
+    headers = {**bearer(token), "Content-Encoding": "gzip", "Content-Type": "application/json"}
+    async with aprof.Profiler(http_config()) as prof:
+        tracemalloc.start()
+        try:
+            async with client.post(url(prof, "/capture"), data=bomb, headers=headers) as resp:
+                assert resp.status == 413
+                assert "inflated" in (await resp.json())["error"]
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < 8 << 20
+        assert prof._control.status().planned == []
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+async def test_a_compressed_capture_request_is_taken(
+    http_config: MakeConfig, client: aiohttp.ClientSession, token: str, encoding: str
+) -> None:
+    data = json.dumps({"id": "packed", "next": 1}).encode()
+    body = gzip.compress(data) if encoding == "gzip" else zlib.compress(data)
+    headers = {**bearer(token), "Content-Encoding": encoding, "Content-Type": "application/json"}
+    async with aprof.Profiler(http_config()) as prof:
+        prof.add_target(RecordingTarget("replica_0", replica=0))
+        async with client.post(url(prof, "/capture"), data=body, headers=headers) as resp:
+            assert resp.status == 200
+            assert (await resp.json())["id"] == "packed"
+
+
+@pytest.mark.parametrize(
+    ("encoding", "body", "status", "says"),
+    [
+        ("br", b"{}", 415, "content encoding 'br'"),
+        ("gzip", b"not gzip", 400, "not a valid gzip stream"),
+    ],
+    ids=["brotli", "broken-gzip"],
+)
+async def test_a_body_in_another_or_a_broken_coding_is_refused(
+    http_config: MakeConfig,
+    client: aiohttp.ClientSession,
+    token: str,
+    encoding: str,
+    body: bytes,
+    status: int,
+    says: str,
+) -> None:
+    headers = {**bearer(token), "Content-Encoding": encoding, "Content-Type": "application/json"}
+    async with aprof.Profiler(http_config()) as prof:
+        async with client.post(url(prof, "/capture"), data=body, headers=headers) as resp:
+            assert resp.status == status
+            data = await resp.json()
+        assert says in (data["reason"] if status == 400 else data["error"])
+        assert prof._control.status().planned == []

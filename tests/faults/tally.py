@@ -13,6 +13,11 @@ INJECTED = {
     "kills": "SIGKILLs of drivers",
     "windows": "windows checked",
     "requests": "requests raced",
+    "control_entries": "hostile control-folder entries (names, types, floods)",
+    "http_clients": "slow, unauthenticated and oversized HTTP clients",
+    "span_bombs": "span-count bombs and far-step spans sent",
+    "merge_kills": "merge workers killed",
+    "exports": "export deadlines and credentials tried",
 }
 """Tallies in the order of the table."""
 LOST = {

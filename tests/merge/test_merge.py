@@ -225,20 +225,18 @@ def test_worker_processes_merge_the_same_file_and_leave_nothing_behind(
 ) -> None:
     """``jobs=2`` (this process and a worker process, which takes captures from the back and
     whose parts are laid into the gzip stream as they are) and ``jobs=1`` give the same merged
-    text, byte for byte, whoever placed which capture; a worker that cannot write its part (a
-    folder where the part file goes) costs nothing: that input is placed by the merging
-    process (``test_parallel.py`` holds a worker to each share)."""
+    text, byte for byte, whoever placed which capture, and leave nothing but the merged files
+    (``test_parallel.py`` holds a worker to each share, one of them failing;
+    ``tests/faults/test_merge_and_export.py`` kills workers and merges)."""
     alone = merge(demo, out=tmp_path / "one", jobs=1)
     out = tmp_path / "two"
-    out.mkdir()
-    (out / ".step_1.part2.deflate").mkdir()  # input 2 of step 1 (a worker trace): its write fails
     together = merge(demo, out=out, jobs=2)
     for one, two in zip(alone, together, strict=True):
         assert gzip.decompress(one.path.read_bytes()) == gzip.decompress(two.path.read_bytes())
         assert (one.events, one.inputs, one.notes) == (two.events, two.inputs, two.notes)
     made = [p.path.name for p in together] + [p.archive.name for p in together if p.archive]
     left = sorted(p.name for p in out.iterdir())
-    assert left == sorted([".step_1.part2.deflate", *made])  # no part file of a worker's
+    assert left == sorted(made)  # no part file of a worker's, no folder of the merge's
     with pytest.raises(ValueError, match="jobs must be 1 or more"):
         merge(demo, jobs=0)
 

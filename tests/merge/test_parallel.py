@@ -4,6 +4,7 @@ of that input."""
 
 from __future__ import annotations
 
+import os
 import zlib
 from pathlib import Path
 
@@ -13,8 +14,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import aprof
 from aprof._merge import parallel
+from aprof._merge import scratch as scratch_module
 from aprof._merge.flows import Links
 from aprof._merge.placing import Input, Scope, place
+from aprof._merge.scratch import Scratch
 from aprof._merge.step_trace import _inputs
 from aprof._traces.files import is_trace_json
 
@@ -105,32 +108,41 @@ def test_a_worker_places_each_share_as_the_merging_process_would(
     blocked = captures[1]
     out = tmp_path / "out"
     out.mkdir()
-    (out / parallel.part_name(1, blocked)).mkdir()  # its part file cannot be written
-    where = (str(out), [])
+    folder = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    scratch = Scratch(folder)
     shares = parallel.Shares(captures)
-    workers = parallel.Workers(1)
+    workers = parallel.Workers(1, scratch)
     try:
-        for serving in workers.serve(shares, where, demo, 1, base_ns):
+        (pid,) = [w.process.pid for w in workers._workers]
+        # Its part file cannot be written: a folder is there.
+        (out / scratch.name / parallel.part_name(1, blocked, pid)).mkdir()
+        for serving in workers.serve(shares, demo, 1, base_ns):
             serving.result(timeout=120)
         futures = {item.number: shares.take(item) for item in captures}
+        assert all(future is not None for future in futures.values())  # all the worker's
+        for item in captures:
+            future = futures[item.number]
+            assert future is not None
+            if item is blocked:
+                with pytest.raises(RuntimeError, match="merge worker"):
+                    future.result()
+                continue
+            part = future.result()
+            assert part.name == parallel.part_name(1, item, pid)  # whose it is, by its name
+            here = place(demo, 1, item, base_ns, Scope(), Links())
+            text = b",".join(_all(here))
+            compressed = b"".join(workers.read_part(part))
+            assert zlib.decompressobj(-15).decompress(compressed) == text  # no final block
+            assert (part.crc, part.size) == (zlib.crc32(text), len(text))
+            assert part.placed.events > 0
+        left = sorted(p.name for p in (out / scratch.name).iterdir())
+        assert left == sorted([scratch_module.LOCK, parallel.part_name(1, blocked, pid)])
+        (out / scratch.name / parallel.part_name(1, blocked, pid)).rmdir()  # the test's own
     finally:
         workers.close()
-    assert all(future is not None for future in futures.values())  # all the worker's
-    for item in captures:
-        future = futures[item.number]
-        assert future is not None
-        if item is blocked:
-            with pytest.raises(RuntimeError, match="merge worker"):
-                future.result()
-            continue
-        part = future.result()
-        here = place(demo, 1, item, base_ns, Scope(), Links())
-        text = b",".join(_all(here))
-        compressed = b"".join(parallel.read_part(where, 1, item))
-        assert zlib.decompressobj(-15).decompress(compressed) == text  # a part: no final block
-        assert (part.crc, part.size) == (zlib.crc32(text), len(text))
-        assert part.placed.events > 0
-    assert [p.name for p in out.iterdir()] == [parallel.part_name(1, blocked)]
+        scratch.close()
+        os.close(folder)
+    assert list(out.iterdir()) == []  # the merge's folder, gone with what it held
 
 
 def _all(pieces: object) -> list[bytes]:

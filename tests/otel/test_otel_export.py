@@ -15,6 +15,7 @@ import pytest
 import aprof
 from aprof._config import OtelConfig
 from aprof._otel import OtelReceiver
+from aprof._otel.export import traces_url
 from aprof._timeline.recorder import span_id_of
 from aprof.cli import main
 from aprof.testing import RecordingTarget
@@ -43,6 +44,8 @@ async def _export(save_path: Path, into: Path, *extra: str) -> list[dict[str, An
     salt = aprof.load_manifest(save_path).trace_salt
     assert salt is not None
     receiver = OtelReceiver(OtelConfig(receive=True), root=into, salt=salt, on_taken=lambda: None)
+    for n in (1, 2):  # the run's steps: the receiver takes the spans of steps begun
+        receiver.step_began(n, 0)
     endpoint = await receiver.start()
     try:
         argv = ["export", "otlp", str(save_path), "--endpoint", endpoint, *extra]
@@ -100,3 +103,25 @@ async def test_no_run_or_no_endpoint_is_one_line(
     assert await asyncio.to_thread(main, argv) == 1
     (line,) = capsys.readouterr().err.splitlines()[-1:]
     assert line.startswith("aprof export: ") and "did not take" in line
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "said"),
+    [
+        ("ftp://user:secret@127.0.0.1/v1/traces", "ftp:// is not supported"),
+        ("127.0.0.1:4318", "is not supported"),
+        ("http:///v1/traces", "no host"),
+    ],
+)
+def test_an_endpoint_that_is_not_http_is_named_without_its_password(
+    endpoint: str, said: str
+) -> None:
+    with pytest.raises(ValueError, match=said) as caught:
+        traces_url(endpoint)
+    assert "secret" not in str(caught.value)
+    assert caught.value.args[0].startswith("endpoint ")  # one line naming what was wrong
+
+
+def test_the_traces_path_is_added_once() -> None:
+    assert traces_url("http://127.0.0.1:4318/") == "http://127.0.0.1:4318/v1/traces"
+    assert traces_url("https://h/v1/traces") == "https://h/v1/traces"

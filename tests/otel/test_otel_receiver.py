@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gzip
 import json
 import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -22,7 +25,7 @@ from structlog.testing import capture_logs
 
 import aprof
 from aprof._config import OtelConfig
-from aprof._otel import OtelReceiver, served
+from aprof._otel import OtelReceiver, receiver, served
 from aprof._timeline.recorder import span_id_of
 
 MakeConfig = Callable[..., aprof.ProfilerConfig]
@@ -81,6 +84,8 @@ async def test_the_sdks_exporter_files_a_span_under_its_step(make_config: MakeCo
     async with aprof.Profiler(cfg) as prof:
         url = prof.otel_endpoint
         assert url is not None and url.startswith("http://127.0.0.1:")
+        async with prof.step(3):  # the receiver takes the spans of steps begun
+            pass
         traceparent = _traceparent(prof, 3)
 
         def serve() -> None:
@@ -188,6 +193,8 @@ async def test_spans_past_a_steps_cap_are_counted_and_said(make_config: MakeConf
     async with aprof.Profiler(cfg) as prof:
         url = prof.otel_endpoint
         assert url is not None
+        async with prof.step(1):
+            pass
         status, answer = await _post(url, _export(_traceparent(prof, 1), 5))
         assert status == 200
         partial = ExportTraceServiceResponse.FromString(answer).partial_success
@@ -202,6 +209,8 @@ async def test_hostile_bodies_are_answered_and_cost_nothing(make_config: MakeCon
     async with aprof.Profiler(cfg) as prof:
         url = prof.otel_endpoint
         assert url is not None
+        async with prof.step(1):
+            pass
         good = _export(_traceparent(prof, 1))
         assert (await _post(url, b"x" * 5000))[0] == 413
         assert (await _post(url, good, "text/plain"))[0] == 415
@@ -226,6 +235,8 @@ async def test_nothing_is_written_through_a_link(make_config: MakeConfig, tmp_pa
     async with aprof.Profiler(cfg) as prof:
         url = prof.otel_endpoint
         assert url is not None
+        async with prof.step(1):
+            pass
         (prof.save_path / "otel").symlink_to(outside)  # after the receiver started
         with capture_logs() as logs:
             status, answer = await _post(url, _export(_traceparent(prof, 1)))
@@ -255,6 +266,7 @@ async def test_spans_still_on_their_way_as_it_closes_are_kept(tmp_path: Path) ->
         OtelConfig(receive=True), root=tmp_path, salt=salt, on_taken=lambda: None
     )
     url = await receiver.start()
+    receiver.step_began(1, 0)
     traceparent = f"00-{salt}{1:016x}-{SPAN_ID}-01"
     assert (await _post(url, _export(traceparent)))[0] == 200
     closing = asyncio.create_task(receiver.aclose())
@@ -265,3 +277,116 @@ async def test_spans_still_on_their_way_as_it_closes_are_kept(tmp_path: Path) ->
     assert receiver.counts.spans == 2
     lines = (tmp_path / "otel" / "step_1.spans.jsonl").read_text().splitlines()
     assert [json.loads(line)["name"] for line in lines] == ["llm_request", "late"]
+
+
+TOKEN = "an-otel-token,with=odd%chars-0123"
+"""Holds the characters OTel's header list format must escape."""
+
+
+def _bomb(size: int) -> bytes:
+    """``size`` zero bytes gzip-compressed, built a MiB at a time (memory flat)."""
+    stream = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    zeros = bytes(1 << 20)
+    return b"".join(stream.compress(zeros) for _ in range(size >> 20)) + stream.flush()
+
+
+def _sdk_export(url: str, traceparent: str) -> None:
+    """What an engine does, its exporter configured by the environment only (blocking)."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.trace import SpanKind
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    provider = TracerProvider()
+    exporter = OTLPSpanExporter(endpoint=f"{url}/v1/traces", timeout=10)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    context = TraceContextTextMapPropagator().extract({"traceparent": traceparent})
+    provider.get_tracer("test").start_span("llm_request", context, kind=SpanKind.SERVER).end()
+    provider.shutdown()
+
+
+async def test_an_engine_launched_by_launch_spec_bears_the_receivers_token(
+    make_config: MakeConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``otel.token_file``: the receiver asks for the token, and ``launch_spec`` gives it to
+    the engine's exporter (``OTEL_EXPORTER_OTLP_TRACES_HEADERS``), which sends gzip here;
+    without the environment the export is refused."""
+    from servers import launch_spec
+
+    token_file = tmp_path / "otel-token"
+    token_file.write_text(TOKEN + "\n")
+    cfg = make_config(otel={"receive": True, "token_file": str(token_file)})
+    async with aprof.Profiler(cfg) as prof:
+        url = prof.otel_endpoint
+        assert url is not None
+        async with prof.step(1):
+            await asyncio.to_thread(_sdk_export, url, _traceparent(prof, 1))  # no token: 401
+        spec = launch_spec("vllm", cfg, version="0.11.0", otel_endpoint=url)
+        assert spec.env["OTEL_EXPORTER_OTLP_TRACES_HEADERS"].startswith("authorization=Bearer%20")
+        for key, value in spec.env.items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip")
+        async with prof.step(2):
+            await asyncio.to_thread(_sdk_export, url, _traceparent(prof, 2))
+        assert prof.manifest.otel is not None and prof.manifest.otel.spans == 1
+    assert [s["name"] for s in _spans(prof, "step_2.spans.jsonl")] == ["llm_request"]
+    assert not (prof.save_path / "otel" / "step_1.spans.jsonl").exists()
+
+
+async def test_an_export_without_the_token_is_refused_on_its_headers(
+    make_config: MakeConfig, tmp_path: Path
+) -> None:
+    token_file = tmp_path / "otel-token"
+    token_file.write_text(TOKEN)
+    cfg = make_config(otel={"receive": True, "token_file": str(token_file)})
+    async with aprof.Profiler(cfg) as prof:
+        assert prof.otel_endpoint is not None
+        host, port = prof.otel_endpoint.removeprefix("http://").rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+            b"Content-Encoding: gzip\r\nContent-Length: 4000000\r\n\r\n"
+        )
+        async with asyncio.timeout(10):
+            answer = await reader.read()  # until the receiver closes the connection
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 401")
+        assert prof.manifest.otel is not None and prof.manifest.otel.spans == 0
+
+
+async def test_a_gzip_bomb_is_413_and_a_compressed_export_is_taken(
+    make_config: MakeConfig,
+) -> None:
+    async with aprof.Profiler(make_config(otel={"receive": True})) as prof:
+        url = prof.otel_endpoint
+        assert url is not None
+        headers = {"Content-Type": PROTOBUF, "Content-Encoding": "gzip"}
+        async with aiohttp.ClientSession() as session:
+            bomb = _bomb(64 << 20)  # 64 MiB inflated, past the 4 MiB of max_body_bytes
+            async with session.post(f"{url}/v1/traces", data=bomb, headers=headers) as r:
+                assert r.status == 413 and "inflated" in await r.text()
+            packed = gzip.compress(_export(_traceparent(prof, 1), 3))
+            async with (
+                prof.step(1),
+                session.post(f"{url}/v1/traces", data=packed, headers=headers) as r,
+            ):
+                assert r.status == 200
+    assert len(_spans(prof, "step_1.spans.jsonl")) == 3
+
+
+async def test_another_host_without_a_token_is_warned_of(
+    make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It still listens (a cluster's engines may need it), and says who may send."""
+    monkeypatch.setattr(receiver, "_loopback", lambda host: False)  # no other host in tests
+    with capture_logs() as logs:
+        async with aprof.Profiler(make_config(otel={"receive": True})) as prof:
+            assert prof.otel_endpoint is not None
+    warned = [e for e in logs if "otel.token_file" in e["event"]]
+    assert len(warned) == 1 and warned[0]["host"] == "127.0.0.1"
+
+
+def test_loopback_hosts_are_told_apart() -> None:
+    assert all(map(receiver._loopback, ["127.0.0.1", "127.8.0.1", "::1", "localhost"]))
+    assert not any(map(receiver._loopback, ["0.0.0.0", "10.0.0.1", "::", "example.org"]))

@@ -12,7 +12,7 @@ import pytest
 import aprof
 import aprof.ray
 from aprof._core.sharing import Counts, RemotePhase, Report, RolloutView
-from aprof.ray._hub import Hub, Mail
+from aprof.ray._hub import Hub
 
 MakeConfig = Callable[..., aprof.ProfilerConfig]
 
@@ -63,8 +63,8 @@ async def test_an_ask_waits_while_the_window_is_due_or_starting(
     got, version = await asyncio.wait_for(asking, 5)
     assert got == answer
     assert version == len(then) + 1
-    mail = await hub.pull(0)
-    assert mail.asks == ([(4, 0)] if arrival == "due" else [])
+    asks = [ask for mail in await hub.pull(0, 0) for ask in mail.asks]
+    assert asks == ([(4, 0)] if arrival == "due" else [])
 
 
 async def test_an_older_view_never_replaces_a_newer_one() -> None:
@@ -113,13 +113,34 @@ async def test_reports_sum_up_until_the_driver_pulls() -> None:
     await hub.watch(name, 0, Report(counts=[Counts(1, 0, 5, 2, 0), Counts(1, 1, 3, 0, 0)]))
     files = [{"path": "timeline/x.trace.json.gz"}]
     await hub.close(name, Report(counts=[Counts(1, 0, 1, 0, 4)], timeline=files))
-    mail = await hub.pull(0)
+    [mail] = await hub.pull(0, 0)
     assert mail.asks == []
     report = mail.reports[name]
     assert sorted(report.counts) == [Counts(1, 0, 6, 2, 4), Counts(1, 1, 3, 0, 0)]
     assert (report.timeline, report.closed) == (files, True)
     assert hub.processes() == {name: "closed"}
-    assert await hub.pull(0) == Mail()
+    assert await hub.pull(0, mail.number) == []
+
+
+async def test_mail_stays_until_a_pull_says_the_driver_took_it() -> None:
+    # Ray runs a pull the driver gave up on (the hub started late): the mail it takes reaches
+    # nobody. The driver's next pull, which says it took nothing yet, is handed it again.
+    hub = _hub()
+    await hub.publish(_view(1, 1, r0="due"))
+    given_up = asyncio.create_task(hub.pull(5.0, 0))
+    again = asyncio.create_task(hub.pull(5.0, 0))
+    await asyncio.sleep(0)  # lets both wait for mail, the one given up on first
+    asking = asyncio.create_task(hub.ask(1, 0))
+    [mail] = await asyncio.wait_for(given_up, 5)  # it took the ask
+    assert mail.asks == [(1, 0)]
+    assert await asyncio.wait_for(again, 5) == [mail]
+    await hub.publish(_view(2, 1, r0="active"))  # the driver opened the window
+    assert await asyncio.wait_for(asking, 5) == ("started", 2)
+    # Said taken, it is gone: the next pull hands only what came since, newly numbered.
+    name = hub.register("agent_loop_worker", None)[0]
+    await hub.close(name, Report())
+    [later] = await hub.pull(0, mail.number)
+    assert (later.number, later.asks, list(later.reports)) == (mail.number + 1, [], [name])
 
 
 async def test_the_close_waits_for_each_process_that_watches_until_it_closed() -> None:
@@ -148,7 +169,8 @@ async def test_the_close_waits_for_each_process_that_watches_until_it_closed() -
         lagging: "lagging",
         never: "registered",
     }
-    reports = (await hub.pull(0)).reports
+    [mail] = await hub.pull(0, 0)
+    reports = mail.reports
     assert {n: (r.counts, r.closed) for n, r in reports.items()} == {
         first: ([Counts(2, 0, 3, 1, 0)], True),
         second: ([], True),

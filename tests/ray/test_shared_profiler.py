@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,7 +23,9 @@ import pytest
 import aprof
 import aprof.ray
 from aprof._timeline.recorder import span_id_of
+from aprof.ray._hub import Hub
 from aprof.ray._remote import UNGATED
+from aprof.ray._share import _DriverLink
 from aprof.testing import RecordingTarget, assert_windows
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'aprof[ray]')")
@@ -128,6 +131,13 @@ Blockable = ray.remote(concurrency_groups={"control": 2})(BlockableWorker)
 
 def _workers(handle: aprof.ray.ShareHandle, n: int) -> list[Any]:
     return [Worker.remote(handle, rank) for rank in range(n)]  # type: ignore[attr-defined]
+
+
+async def _joined(workers: list[Any]) -> None:
+    """Once each worker's ``connect`` has returned (the hub is up and knows it): a step the
+    driver enters then waits until the worker has it. Before that, a hub slow to start (a
+    busy node) lets the step begin first, and the worker's requests go outside it."""
+    await asyncio.gather(*(w.name.remote() for w in workers))
 
 
 async def _send(workers: list[Any], count: int, replicas: int) -> list[Sent]:
@@ -309,6 +319,7 @@ async def test_a_worker_killed_mid_step_costs_its_own_counts_only(
     async with asyncio.timeout(LIMIT_S), aprof.Profiler(cfg) as prof:
         prof.add_target(target)
         workers = _workers(aprof.ray.share(prof), 3)
+        await _joined(workers)
         async with prof.step(1):
             first = await _send(workers, 20, 1)
             await asyncio.gather(*(w.hold.remote(10, 1) for w in workers))
@@ -388,6 +399,7 @@ async def test_a_worker_busy_as_the_driver_closes_is_noted_and_closes_later(
             prof.add_target(target)
             handle = aprof.ray.share(prof)
             free, busy = (Blockable.remote(handle, rank) for rank in range(2))
+            await _joined([free, busy])
             async with prof.step(1):
                 sent = await _send([free, busy], 20, 1)
             blocked = busy.block.remote()
@@ -417,15 +429,16 @@ async def test_a_hub_killed_mid_step_lets_requests_go_ungated(make_config: MakeC
     cfg = make_config(
         global_profiler={"steps": [1, 2]},
         rollout={"forward_steps": None},
-        timeouts={"connect_s": 5, "start_s": 60},
+        timeouts={"connect_s": 30, "start_s": 60},  # bounds: nothing waits for them here
     )
     async with asyncio.timeout(LIMIT_S), aprof.Profiler(cfg) as prof:
         prof.add_target(target)
         handle = aprof.ray.share(prof)
         [worker] = _workers(handle, 1)
+        await _joined([worker])
         async with prof.step(1):
             await worker.hold.remote(5, 1)  # they wait for the start, which is held
-            await target.wait_calls("start")
+            await target.wait_calls("start", limit_s=LIMIT_S)  # a busy node is slow, not stuck
             ray.kill(handle.hub)
             # Released without the start: the asks in flight failed with the hub.
             held = await worker.finish.remote()
@@ -444,6 +457,71 @@ async def test_a_hub_killed_mid_step_lets_requests_go_ungated(make_config: MakeC
     events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
     [mark] = [e for e in events if e.get("name") == UNGATED and e.get("ph") == "b"]
     assert mark["args"]["replica"] == 0 and mark["args"]["note"].startswith("hub gone")
+
+
+class _StartingHub:
+    """A hub actor's handle, as Ray's: ``hub.<call>.remote(...)`` sends the call at once and
+    returns what awaits its answer, which comes whether or not the caller still waits. Over
+    a :class:`Hub` in this process, whose first ``held`` pulls reach it only once the test
+    sets their event, as calls to a hub actor still starting."""
+
+    def __init__(self, hub: Hub, held: int) -> None:
+        self.hub = hub
+        self.held = held
+        self.pulls: asyncio.Queue[tuple[asyncio.Event, asyncio.Future[Any]]] = asyncio.Queue()
+        """Each held pull, as it is sent: its event and its answer."""
+
+    def __getattr__(self, name: str) -> Any:
+        call = getattr(self.hub, name)
+
+        async def answer(*args: Any) -> Any:
+            result = call(*args)
+            return await result if asyncio.iscoroutine(result) else result
+
+        def remote(*args: Any) -> asyncio.Future[Any]:
+            if name != "pull" or self.held == 0:
+                sent = asyncio.ensure_future(answer(*args))
+            else:
+                self.held -= 1
+                arrived = asyncio.Event()
+
+                async def held() -> Any:
+                    await arrived.wait()
+                    return await answer(*args)
+
+                sent = asyncio.ensure_future(held())
+                self.pulls.put_nowait((arrived, sent))
+            return asyncio.shield(sent)  # a caller that stops waiting does not stop the call
+
+        return SimpleNamespace(remote=remote)
+
+
+async def test_an_ask_taken_by_a_pull_the_driver_gave_up_on_still_opens_its_window(
+    make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What a hub that starts late does (a busy node): Ray runs the driver's first pull after
+    # the driver gave up on it, and the first ask goes with it to nobody.
+    monkeypatch.setattr(aprof.ray._share, "PULL_S", 0.5)  # the driver gives up after 1.5 s
+    target = RecordingTarget("replica_0", replica=0)
+    cfg = make_config(rollout={"forward_steps": None}, timeouts={"connect_s": 1, "start_s": 60})
+    hub = Hub(start_s=60, connect_s=1)
+    starting = _StartingHub(hub, held=2)
+    async with asyncio.timeout(LIMIT_S), aprof.Profiler(cfg) as prof:
+        prof.add_target(target)
+        handle = aprof.ray.ShareHandle(starting, {}, str(prof.save_path), prof.run_id)
+        _DriverLink.started(prof._serving, handle)
+        async with prof.step(1):
+            first, given_up = await starting.pulls.get()
+            second, pulled = await starting.pulls.get()  # sent as the driver gave up
+            asking = asyncio.create_task(hub.ask(1, 0))  # a worker's first request
+            first.set()
+            [mail] = await given_up  # it reached the hub first: it took the ask
+            assert mail.asks == [(1, 0)]
+            second.set()  # the driver's pull, which took nothing yet, is handed it again
+            await target.wait_calls("start", limit_s=LIMIT_S)
+            assert (await asyncio.wait_for(asking, LIMIT_S))[0] == "started"
+            assert await pulled == [mail]
+    assert_windows(prof.manifest, [{"step": 1, "state": "done"}])
 
 
 async def test_two_real_reference_servers_auto_stop_and_count_every_process(

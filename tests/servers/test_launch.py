@@ -338,7 +338,7 @@ def test_reference_flags_follow_the_dialect_and_era(traces: Path) -> None:
     ]
     assert old.command == [
         sys.executable,
-        *("-m", "aprof", "serve-reference", "--host", "127.0.0.1", "--port", "9000"),
+        *("-P", "-m", "aprof", "serve-reference", "--host", "127.0.0.1", "--port", "9000"),
         *("--dialect", "vllm", "--vllm-version", "0.20.0"),
         *old.args,
     ]

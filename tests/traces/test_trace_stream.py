@@ -192,6 +192,23 @@ def test_the_clock_before_the_events_after_them_or_since_the_epoch(tmp_path: Pat
         _ = trace.clock_ns
 
 
+@pytest.mark.parametrize(
+    "text", ['{"traceEvents": []}', '{"traceEvents":[],"x":1}', "[]", '{"traceEvents":[ ]}']
+)
+def test_a_trace_without_events_is_whole_after_its_clock_was_looked_for(
+    tmp_path: Path, text: str
+) -> None:
+    """Looking for the clock reads up to the events' end; the events read after it are none,
+    and the trace is not cut short (a capture that saw nothing writes such a trace)."""
+    path = tmp_path / "t.json"
+    path.write_text(text)
+    with open_trace(path, DICTS) as trace:
+        with pytest.raises(ValueError, match="on no known clock"):
+            _ = trace.clock_ns
+        assert list(trace.batches()) == []
+        assert (trace.stopped, trace.events_read) == (None, 0)
+
+
 def test_what_is_no_trace_is_said(tmp_path: Path) -> None:
     path = tmp_path / "t.json"
     for text, error in (
