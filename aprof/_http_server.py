@@ -10,6 +10,8 @@ file descriptors reaches the run:
 - a connection's request line and headers arrive within ``header_s`` of its opening (or of
   its previous answer), or it is cut (aiohttp's keep-alive deadline, which a half-sent request
   does not reset);
+- at most ``accepts_per_s`` connections are accepted a second (served or closed at once): a
+  flood of connections waits in the kernel's backlog, not on the run's CPU;
 - an accept that fails for want of descriptors or memory pauses accepting for a second,
   logged once per outage (not once per attempt), and said again when it accepts again;
 - a token, when given, is checked on the headers: without it, 401 and the connection closed,
@@ -51,6 +53,9 @@ ACCEPT_BATCH: Final = 32
 long by a flood of connects."""
 ACCEPT_RETRY_S: Final = 1.0
 """How long accepting pauses after it failed for want of descriptors or memory."""
+ACCEPTS_PER_S: Final = 256
+"""Connections accepted a second at most, by default: far above what OTLP exporters (a few
+kept-alive connections) and ``aprof capture`` open, far below what a connect loop makes."""
 BACKLOG: Final = 128
 _QUIET: Final = logging.Logger("aprof.http_server", logging.CRITICAL + 1)
 """aiohttp's server logs each malformed request with its traceback: a client could fill the
@@ -189,7 +194,7 @@ def inflate(body: bytes, encoding: str, limit: int) -> bytes:
 class ServerCounts:
     """What a server did with its connections (written and read on the event loop)."""
 
-    __slots__ = ("accepted", "failed", "outages", "refused", "unauthorized")
+    __slots__ = ("accepted", "failed", "outages", "refused", "throttled", "unauthorized")
 
     def __init__(self) -> None:
         self.accepted = 0
@@ -202,6 +207,8 @@ class ServerCounts:
         """Accepts that failed (each pauses accepting for ``ACCEPT_RETRY_S``)."""
         self.outages = 0
         """Runs of failed accepts, each logged once."""
+        self.throttled = 0
+        """Times accepting paused until the next second: ``accepts_per_s`` were accepted."""
 
 
 class BoundedServer:
@@ -209,7 +216,8 @@ class BoundedServer:
 
     ``name`` names it in the log; ``token`` (``None``: none asked) guards every route;
     ``answer(status, text, headers)`` makes its own answers: 401, and 500 for a bug of a
-    handler (logged, never raised).
+    handler (logged, never raised); ``accepts_per_s`` bounds the connections accepted a
+    second.
     """
 
     def __init__(
@@ -223,12 +231,16 @@ class BoundedServer:
         max_connections: int,
         client_max_size: int,
         shutdown_s: float,
+        accepts_per_s: int = ACCEPTS_PER_S,
     ) -> None:
         self.name = name
         self.counts = ServerCounts()
         self._token = token
         self._answer = answer
         self._max_connections = max_connections
+        self._accepts_per_s = accepts_per_s
+        self._second_ends = 0.0
+        self._accepted_this_second = 0
         self._shutdown_s = shutdown_s
         self._app = web.Application(middlewares=[self._guard], client_max_size=client_max_size)
         self._app.add_routes(routes)
@@ -247,6 +259,9 @@ class BoundedServer:
         """Connections accepted and not yet known to aiohttp's server."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._retry: asyncio.TimerHandle | None = None
+        """Accepting resumes after a failed accept (an outage under way)."""
+        self._throttle: asyncio.TimerHandle | None = None
+        """Accepting resumes next second."""
 
     @property
     def connections(self) -> int:
@@ -280,8 +295,9 @@ class BoundedServer:
         """Stop accepting, then end the connections (the requests under way get
         ``shutdown_s`` to finish)."""
         sock, self._socket = self._socket, None
-        if self._retry is not None:
-            self._retry.cancel()
+        for timer in (self._retry, self._throttle):
+            if timer is not None:
+                timer.cancel()
         if sock is not None:
             asyncio.get_running_loop().remove_reader(sock.fileno())
             sock.close()
@@ -299,7 +315,16 @@ class BoundedServer:
         sock = self._socket
         if sock is None:
             return
+        loop = asyncio.get_running_loop()
         for _ in range(ACCEPT_BATCH):
+            now = loop.time()
+            if now >= self._second_ends:
+                self._second_ends, self._accepted_this_second = now + 1.0, 0
+            if self._accepted_this_second >= self._accepts_per_s:
+                self.counts.throttled += 1
+                loop.remove_reader(sock.fileno())
+                self._throttle = loop.call_at(self._second_ends, self._resume)
+                return
             try:
                 conn, _ = sock.accept()
             except (BlockingIOError, InterruptedError):
@@ -309,6 +334,7 @@ class BoundedServer:
             except OSError as exc:
                 self._pause(exc)
                 return
+            self._accepted_this_second += 1
             if self._retry is not None:
                 self._retry = None
                 logger.info("http server accepts again", server=self.name)
@@ -318,7 +344,7 @@ class BoundedServer:
                 continue
             self.counts.accepted += 1
             self._handing += 1
-            task = asyncio.get_running_loop().create_task(self._serve(conn))
+            task = loop.create_task(self._serve(conn))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 

@@ -203,6 +203,37 @@ async def test_one_connection_past_the_bound_is_closed_at_once(server: BoundedSe
     held[1][1].close()
 
 
+async def test_a_crowd_of_connects_is_taken_a_few_a_second_and_each_is_served() -> None:
+    """Ten connections made at once to a server accepting two a second: accepting pauses
+    until the next second (the others wait in the kernel's backlog), and all ten are
+    answered."""
+    slow = BoundedServer(
+        [web.get("/hello", _hello)],
+        name="test server",
+        token=None,
+        answer=lambda status, text, headers: web.Response(status=status, text=text),
+        header_s=LIMIT_S,
+        max_connections=100,
+        client_max_size=1024,
+        shutdown_s=1.0,
+        accepts_per_s=2,
+    )
+    _, port = await slow.start("127.0.0.1", 0)
+    try:
+        crowd = [await asyncio.open_connection("127.0.0.1", port) for _ in range(10)]
+        for _, writer in crowd:
+            writer.write(b"GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        async with asyncio.timeout(3 * LIMIT_S):
+            answers = await asyncio.gather(*(reader.read() for reader, _ in crowd))
+        for _, writer in crowd:
+            writer.close()
+    finally:
+        await slow.aclose()
+    assert all(a.startswith(b"HTTP/1.1 200") and a.endswith(b"hello") for a in answers)
+    assert slow.counts.accepted == 10
+    assert slow.counts.throttled >= 1
+
+
 def _auth() -> bytes:
     return b"Authorization: Bearer " + TOKEN + b"\r\n"
 
