@@ -251,15 +251,17 @@ def replace_file(folder: int, name: str, chunks: Iterable[bytes]) -> int:
 
 
 @contextlib.contextmanager
-def replacing(folder: int, name: str) -> Iterator[BinaryIO]:
+def replacing(folder: int, name: str, *, into: int | None = None) -> Iterator[BinaryIO]:
     """A new file to write, which replaces ``name`` in ``folder`` atomically once the block
-    ends without an exception (and is removed if it raises), as :func:`replace_file`."""
+    ends without an exception (and is removed if it raises), as :func:`replace_file`. With
+    ``into``, the file is made in ``folder`` and replaces ``name`` in the folder ``into``
+    (on the same file system) instead."""
     tmp = temp_name(name)
     fd = create_exclusive(folder, tmp)
     try:
         with os.fdopen(fd, "wb", closefd=True) as out:
             yield out
-        os.rename(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+        os.rename(tmp, name, src_dir_fd=folder, dst_dir_fd=folder if into is None else into)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=folder)

@@ -20,10 +20,9 @@ import itertools
 import os
 import re
 import secrets
-from collections.abc import Iterator
 from typing import BinaryIO, Final
 
-from aprof._safe_files import create_exclusive
+from aprof._safe_files import create_exclusive, replacing
 
 PREFIX: Final = ".aprof-merge."
 """How the name of every merge's folder begins."""
@@ -55,20 +54,11 @@ class Scratch:
                 return
         raise OSError(errno.EAGAIN, "cannot make a merge folder in the output folder")
 
-    @contextlib.contextmanager
-    def replacing(self, name: str) -> Iterator[BinaryIO]:
+    def replacing(self, name: str) -> contextlib.AbstractContextManager[BinaryIO]:
         """A new file to write here, renamed to ``name`` in the output folder (replacing what
         is there, a link too, never following it) once the block ends without an exception,
         removed if it raises."""
-        fd = create_exclusive(self.fd, name)
-        try:
-            with os.fdopen(fd, "wb", closefd=True) as file:
-                yield file
-            os.rename(name, name, src_dir_fd=self.fd, dst_dir_fd=self._out)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(name, dir_fd=self.fd)
-            raise
+        return replacing(self.fd, name, into=self._out)
 
     def remove(self, name: str) -> None:
         """Remove ``name`` from this folder, if it is there."""

@@ -149,7 +149,7 @@ def merge(
             if count > 0 and _worth_workers(root, manifest, chosen, size):
                 workers = parallel.Workers(count, scratch)
             return [
-                _merge_step(root, manifest, n, where, collected, (scratch, workers)) for n in chosen
+                _merge_step(root, manifest, n, where, collected, scratch, workers) for n in chosen
             ]
         finally:
             if workers is not None:
@@ -165,14 +165,14 @@ def _merge_step(
     step: int,
     where: tuple[str, list[str]],
     collected: Collected,
-    pool: tuple[Scratch, parallel.Workers | None],
+    scratch: Scratch,
+    workers: parallel.Workers | None,
 ) -> MergedStep:
     output = _Output(base_ns=manifest.clock.wall_ns)
     output.notes += collected.notes
     output.links.see_otel(collected.by_step.get(step, []), output.base_ns)
     name = f"step_{step}.trace.json.gz"
     inputs = _inputs(manifest, step)
-    scratch, workers = pool
     chunks = gzip_stream(_document(root, manifest, step, inputs, output, workers))
     archive = f"step_{step}.perfetto.tar"
     with scratch.replacing(name) as out:

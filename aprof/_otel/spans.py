@@ -284,13 +284,9 @@ def _json_export(body: bytes, most: int) -> dict[str, Any]:
         raise BodyError(413, _over_budget(most, "JSON items ({, [, , and :)", str(items)))
     try:
         data = _dict(json.loads(body))
-        spans = _json_spans(data)
-    except (ValueError, RecursionError) as exc:
-        raise BodyError(400, f"{_NOT_JSON}: {exc}") from None
-    try:
-        for span in spans:
+        for span in _json_spans(data):
             _base64_ids(span)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise BodyError(400, f"{_NOT_JSON}: {exc}") from None
     return data
 

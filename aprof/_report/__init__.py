@@ -1,7 +1,7 @@
 """``aprof report``: what a run captured, step by step, in the terminal and as report.html.
 
-- ``build.py``: :func:`collect`, a run read back into a :class:`RunReport`; :func:`accounts`
-  and :func:`accounting`, every step's accounting alone (``aprof status``, ``--json``);
+- ``build.py``: :func:`collect`, a run read back into a :class:`RunReport`;
+  :func:`accounting`, every step's accounting alone (``aprof status``, ``--json``);
 - ``ledgers.py``: the timeline writers' ledgers read back (the accounting without the JSON),
   and the writes of a timeline they point to;
 - ``model.py``: the report's data (steps, windows, distributions, intervals);
@@ -15,7 +15,7 @@
   ``run_plots.py``, the run across all its steps at its top; ``page.py``, its frame.
 """
 
-from aprof._report.build import Accounting, accounting, accounts, collect, report, with_html
+from aprof._report.build import Accounting, accounting, collect, report, with_html
 from aprof._report.document import dumps
 from aprof._report.model import RunReport, StepReport
 from aprof._report.text import render, summary
@@ -25,7 +25,6 @@ __all__ = [
     "RunReport",
     "StepReport",
     "accounting",
-    "accounts",
     "collect",
     "dumps",
     "render",

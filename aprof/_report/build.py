@@ -177,16 +177,6 @@ def _anomaly_rule(manifest: Manifest) -> tuple[float, int]:
     )
 
 
-def accounts(save_path: str | os.PathLike[str]) -> tuple[StepAccount, ...]:
-    """Where each step of the run in ``save_path`` went, from its timelines alone (no capture
-    trace is read: ``train_s`` is the stage spans'); a live run's as far as written.
-
-    Raises ``ManifestError`` when ``save_path`` holds no readable manifest; a timeline that
-    cannot be read costs its own spans.
-    """
-    return accounting(save_path).accounts
-
-
 class Accounting(NamedTuple):
     """Every step's accounting of a run, with what a reader should know of it."""
 
@@ -202,10 +192,13 @@ class Accounting(NamedTuple):
 
 
 def accounting(save_path: str | os.PathLike[str]) -> Accounting:
-    """:func:`accounts` with the run's problems and notes (``aprof report --json``): from the
-    timeline writers' ledgers where they cover the listed timelines, else from the timelines.
+    """Where each step of the run in ``save_path`` went, with the run's problems and notes
+    (``aprof status``, ``aprof report --json``): from the timeline writers' ledgers where they
+    cover the listed timelines, else from the timelines alone (no capture trace is read:
+    ``train_s`` is the stage spans'); a live run's as far as written.
 
-    Raises ``ManifestError`` when ``save_path`` holds no readable manifest.
+    Raises ``ManifestError`` when ``save_path`` holds no readable manifest; a timeline that
+    cannot be read costs its own spans.
     """
     root = Path(save_path)
     manifest = load_manifest(root)

@@ -11,7 +11,7 @@ import pytest
 
 import aprof
 from aprof._core.accounting import KEEP
-from aprof._report import accounts
+from aprof._report import accounting
 from aprof._timeline.writer_process import WriterProcess
 
 MakeConfig = Callable[..., aprof.ProfilerConfig]
@@ -59,7 +59,7 @@ async def test_the_live_account_is_the_reports(
             ]
             assert live.train_s > 0 and live.rollout_s > 0
         assert prof.accounting(2) is not None and prof.accounting(9) is None
-    from_files = {a.step: a for a in accounts(prof.save_path)}
+    from_files = {a.step: a for a in accounting(prof.save_path).accounts}
     for n in (1, 2, 3):
         live = prof.accounting(n)
         assert live is not None
