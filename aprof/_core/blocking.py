@@ -54,6 +54,11 @@ class BlockingProfiler:
         return self._profiler.current_step
 
     @property
+    def otel_endpoint(self) -> str | None:
+        """The run's OTLP/HTTP receiver, as :attr:`aprof.Profiler.otel_endpoint`."""
+        return self._profiler.otel_endpoint
+
+    @property
     def manifest(self) -> Manifest:
         """The run's manifest: a copy as of now while the profiler is open, the final one
         after it closed."""

@@ -1,7 +1,13 @@
 """aprof for verl (0.9.1).
 
+- ``aprof.verl.hook.install``: the switch inside verl's ``python -m verl.trainer.main_ppo``
+  (Ray's worker setup hook): verl's V1 trainer in every mode, and its legacy trainer, run with
+  aprof when verl's config holds an ``aprof`` block; nothing else to write.
 - ``load(cfg)``: verl's trainer config as the plan of an aprof run (aprof's config, what it
-  left out, the overrides that switch verl's own profiler off).
+  left out, the overrides that turn aprof on in verl's ``main_ppo``: Ray's worker setup hook
+  ``aprof.verl.hook.install``, the ``aprof`` block, verl's own profiler off).
+- ``aprof_config(cfg)``: the ``aprof`` block of a resolved verl config (or a YAML file),
+  checked as verl's trainer checks it at launch.
 - ``ProfiledLLMServerClient`` (and ``ProfiledClientMixin`` for other verl client classes): the
   rollout client for ``LLMServerManager.get_client(client_cls=...)``.
 - ``ProfiledTrainerMixin``: each global step of ``RayPPOTrainer.fit()`` an aprof step; with
@@ -22,9 +28,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from aprof._config import ProfilerConfig, read_config_file
-from aprof._errors import ConfigError
+from aprof._config import ProfilerConfig
 from aprof.verl._config import STAGES, map_verl
+from aprof.verl._launch import aprof_config, launch_overrides, verl_mapping
 
 if TYPE_CHECKING:
     from aprof.verl._agent_loops import ProfiledAgentLoopManager
@@ -39,6 +45,7 @@ __all__ = [
     "ProfiledLLMServerClient",
     "ProfiledTrainerMixin",
     "VerlPlan",
+    "aprof_config",
     "load",
     "profiled_worker",
     "worker_group",
@@ -76,8 +83,12 @@ class VerlPlan:
     config: ProfilerConfig
     """aprof's config: profiles what verl's config asks verl to profile."""
     overrides: tuple[str, ...]
-    """Hydra overrides (``key=value``) for the verl run: verl's own profiler never starts, while
-    its rollout servers still launch with their profiling routes, which only aprof drives."""
+    """Every Hydra override (``key=value``) to add to verl's ``main_ppo`` command line, in
+    order: Ray's worker setup hook ``aprof.verl.hook.install`` (``++ray_kwargs...``), ``config``
+    as verl's top-level ``aprof`` block (``++aprof={...}``, save_path absolute), then those that
+    switch verl's own profiler off (``global_profiler.steps=null``, and verl's rollout token
+    window cleared when aprof profiles the rollout); the rollout servers still launch with
+    their profiling routes, which only aprof drives."""
     warnings: tuple[str, ...]
     """One line per key aprof does not know or does not use, and per setting verl would not
     act on (each names the verl key)."""
@@ -86,13 +97,11 @@ class VerlPlan:
 def load(cfg: Mapping[str, object] | str | os.PathLike[str]) -> VerlPlan:
     """The plan of a verl trainer config: a mapping (dict, OmegaConf DictConfig) or a YAML file.
 
-    Give the config as verl would run without aprof; then run verl with the plan's overrides.
+    Give the config as verl would run without aprof; then run verl with the plan's overrides
+    (a relative save_path in them is made absolute against the current folder).
     Raises ConfigError naming the verl key (or the file) on a malformed config.
     """
-    if isinstance(cfg, str | os.PathLike):
-        data = read_config_file(cfg)
-        if not isinstance(data, Mapping):
-            raise ConfigError(str(cfg), "a verl config must be a mapping at the top level")
-        cfg = data
-    config, overrides, warnings = map_verl(cfg)
-    return VerlPlan(config=config, overrides=overrides, warnings=warnings)
+    config, overrides, warnings = map_verl(verl_mapping(cfg))
+    return VerlPlan(
+        config=config, overrides=(*launch_overrides(config), *overrides), warnings=warnings
+    )

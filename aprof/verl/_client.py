@@ -19,6 +19,7 @@ from aprof._logging import logger
 from aprof.abc import RolloutProfiler
 from aprof.ray._remote import connect
 from aprof.ray._share import ShareHandle
+from aprof.verl._trace_context import KEYWORD
 
 _MIXED: dict[type, type] = {}
 """The mixin's subclass of each verl client class :func:`profiled` met (filled below)."""
@@ -72,6 +73,9 @@ class ProfiledClientMixin:
             dict(replicas) if isinstance(replicas, Mapping) else _indexed(replicas)
         )
         self._aprof_unknown: set[str] = set()
+        self.aprof_trace_context = False
+        """Each call sends the request's W3C trace context (the servers take it: see
+        ``aprof.verl._trace_context``)."""
 
     async def _acquire_server(self, request_id: str, **extra: Any) -> tuple[str, Any]:
         server_id, server = await super()._acquire_server(request_id, **extra)  # type: ignore[misc]
@@ -84,7 +88,8 @@ class ProfiledClientMixin:
                     server=server_id,
                 )
             return server_id, server
-        return server_id, _ProfiledServer(server, self._aprof_joined(), replica)
+        profiled = _ProfiledServer(server, self._aprof_joined(), replica, self.aprof_trace_context)
+        return server_id, profiled
 
     def _aprof_joined(self) -> RolloutProfiler:
         """The profiler of this process: joined on first use when given a handle."""
@@ -109,19 +114,24 @@ class _ProfiledServer:
     """A replica's handle whose ``generate.remote(...)`` runs inside an aprof request; its
     other methods are the replica's own."""
 
-    def __init__(self, server: Any, profiler: RolloutProfiler, replica: int) -> None:
+    def __init__(
+        self, server: Any, profiler: RolloutProfiler, replica: int, trace_context: bool
+    ) -> None:
         self._server = server
-        self.generate = _ProfiledGenerate(server, profiler, replica)
+        self.generate = _ProfiledGenerate(server, profiler, replica, trace_context)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._server, name)
 
 
 class _ProfiledGenerate:
-    def __init__(self, server: Any, profiler: RolloutProfiler, replica: int) -> None:
+    def __init__(
+        self, server: Any, profiler: RolloutProfiler, replica: int, trace_context: bool
+    ) -> None:
         self._server = server
         self._profiler = profiler
         self._replica = replica
+        self._trace_context = trace_context
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         """As the Ray method's ``remote``: something to await for the replica's answer."""
@@ -134,6 +144,11 @@ class _ProfiledGenerate:
         async with self._profiler.request(
             replica=self._replica, request_id=None if request_id is None else str(request_id)
         ) as req:
+            if self._trace_context and req.traceparent is not None:
+                headers = {"traceparent": req.traceparent}
+                if req.tracestate is not None:
+                    headers["tracestate"] = req.tracestate
+                kwargs = {**kwargs, KEYWORD: headers}
             answer = await self._server.generate.remote(*args, **kwargs)
             # verl's generate takes the prompt's ids and answers with the generated ones.
             req.prompt_tokens = _length(kwargs.get("prompt_ids"))
@@ -142,10 +157,15 @@ class _ProfiledGenerate:
 
 
 def profiled(
-    client: Any, *, profiler: ShareHandle | RolloutProfiler, replicas: Sequence[str]
+    client: Any,
+    *,
+    profiler: ShareHandle | RolloutProfiler,
+    replicas: Sequence[str],
+    trace_context: bool = False,
 ) -> Any:
     """``client``, an instance of a verl client class, as an instance of that class with the
-    mixin: its state kept, its calls to replicas profiled."""
+    mixin: its state kept, its calls to replicas profiled; with ``trace_context``, each call
+    sends its request's W3C trace context (servers patched by ``aprof.verl.hook``)."""
     base = type(client)
     mixed = _MIXED.get(base)
     if mixed is None:
@@ -154,6 +174,7 @@ def profiled(
     wrapped: ProfiledClientMixin = object.__new__(mixed)
     wrapped.__dict__.update(client.__dict__)  # made by the client's own constructor
     wrapped._aprof_setup(profiler, replicas, "agent_loop_worker")
+    wrapped.aprof_trace_context = trace_context
     return wrapped
 
 

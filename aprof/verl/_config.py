@@ -100,7 +100,8 @@ def _verl_int(value: object, path: str, *, minimum: int) -> int:
 
 
 def map_verl(verl_cfg: object) -> tuple[ProfilerConfig, tuple[str, ...], tuple[str, ...]]:
-    """``(config, overrides, warnings)`` of a verl trainer config: see ``aprof.verl.VerlPlan``.
+    """``(config, overrides, warnings)`` of a verl trainer config: see ``aprof.verl.VerlPlan``
+    (the overrides here only those that switch verl's own profiler off).
 
     Raises ConfigError naming the verl key path (or None when `verl_cfg` is not a mapping).
     """
@@ -419,7 +420,7 @@ def _map_rollout(m: _VerlMap, tool: object) -> None:
     if enable is True and _profiles(m):
         why = _rollout_unprofiled(m, tool)
         if why is not None:
-            m.warnings.append(f"{why}, so the plan does not profile the rollout")
+            m.warnings.append(f"{why[0]}: {why[1]}, so the plan does not profile the rollout")
             enable = False
     elif enable is True:
         enable = False  # nothing profiled: said once, for global_profiler.tool
@@ -460,17 +461,21 @@ def _map_colocation(m: _VerlMap) -> None:
     m.put("colocated", [{"role": role, "replicas": "all"} for role in roles], path)
 
 
-def _rollout_unprofiled(m: _VerlMap, tool: object) -> str | None:
-    """Why verl would not profile its rollout servers (vLLM, SGLang) though enabled, or None."""
+def _rollout_unprofiled(m: _VerlMap, tool: object) -> tuple[str, str] | None:
+    """Why verl would not profile its rollout servers (vLLM, SGLang) though enabled: the verl
+    key and the reason; None when it would."""
     if tool not in ("torch", "npu"):
         # The rollout block's tool_config holds only torch and npu; the servers refuse nsys.
         what = show_value(tool)
-        return f"global_profiler.tool: verl profiles the rollout only with torch or npu, not {what}"
+        return (
+            "global_profiler.tool",
+            f"verl profiles the rollout only with torch or npu, not {what}",
+        )
     discrete, path = _inherited(m, f"tool_config.{tool}.discrete")
     if discrete is True:
         return None
-    return (
-        f"{path}: {show_value(discrete)}: verl profiles the rollout only in discrete mode "
+    return path, (
+        f"{show_value(discrete)}: verl profiles the rollout only in discrete mode "
         f"(set {_ROLLOUT}.tool_config.{tool}.discrete=true to profile it)"
     )
 

@@ -12,25 +12,25 @@ The trainer's calls into its worker groups (:data:`TRAINER_STAGES`: old log-prob
 values, critic and actor updates) run as ``prof.stage(...)`` on the driver's timeline, in every
 step, so ``aprof report`` counts them as training time; the step's first one follows its
 generation, and tells the profiler the rollout is over (``prof.rollout_ended()``: role
-captures held for it, ``colocated``, start). ``_update_actor``'s output carries the
-latest accounted step's figures (``aprof/rollout_s``, ``aprof/idle_s``, ``aprof/tail_s``, ...,
-:data:`METRICS`) in its ``meta_info["metrics"]``, which ``fit()`` reduces into the metrics it
-logs that step: they reach verl's own loggers (console, wandb, tensorboard) without a file.
+captures held for it, ``colocated``, start). Each step's figures (``aprof/rollout_s``,
+``aprof/trainer_idle_ratio``, ``aprof/tail_s``, ...: ``aprof.verl._run.figures``) join the
+metrics ``fit()`` logs for that step: while ``fit()`` runs, the ``Tracking`` logger it makes
+(``verl.utils.tracking.Tracking``, imported as ``fit()`` begins) adds them to each ``log``
+call, so they reach verl's own loggers (console, file, wandb, tensorboard).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+import importlib
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any, NamedTuple
 
-from aprof._accounting import StepAccount
 from aprof._core import BlockingProfiler
 from aprof._errors import describe
 from aprof._logging import logger
 from aprof.ray._share import ShareHandle, share
+from aprof.verl._run import OpenStep, logged_figures, stage
 
 
 class Sharing(NamedTuple):
@@ -43,6 +43,8 @@ class Sharing(NamedTuple):
 
 SHARING: ContextVar[Sharing | None] = ContextVar("aprof_verl_sharing", default=None)
 
+TRACKING = "verl.utils.tracking"
+"""The module of the logger class (``Tracking``) verl's ``fit()`` imports as it begins."""
 TRAINER_STAGES = {
     "_compute_old_log_prob": "old_log_prob",
     "_compute_ref_log_prob": "ref",
@@ -54,70 +56,31 @@ TRAINER_STAGES = {
 ``fit()``'s own timers name them."""
 
 
-def metrics(account: StepAccount) -> dict[str, float]:
-    """A step's figures as verl metrics (``aprof/<name>``; the step they are of is
-    ``aprof/step``: the latest accounted, the one before the step that logs them)."""
-    found = {
-        "step": float(account.step),
-        "wall_s": account.wall_s,
-        "rollout_s": account.rollout_s,
-        "train_s": account.train_s,
-        "overlap_s": account.overlap_s,
-        "idle_s": account.idle_s,
-        "requests": float(account.requests),
-        "latency_p50_s": account.p50_s,
-        "latency_p99_s": account.p99_s,
-        "tail_s": account.tail_s,
-        "imbalance": account.imbalance,
-    }
-    return {f"aprof/{name}": value for name, value in found.items() if value is not None}
+def replicas(trainer: Any) -> range:
+    """The rollout replicas of verl's trainer."""
+    manager = getattr(trainer, "llm_server_manager", None)
+    return range(0 if manager is None else len(manager.get_addresses()))
 
 
-METRICS = tuple(
-    f"aprof/{name}"
-    for name in (
-        "step",
-        "wall_s",
-        "rollout_s",
-        "train_s",
-        "overlap_s",
-        "idle_s",
-        "requests",
-        "latency_p50_s",
-        "latency_p99_s",
-        "tail_s",
-        "imbalance",
-    )
-)
-"""The metrics ``_update_actor``'s output carries (those without a value left out)."""
+def _with_figures(tracking: Any, prof: BlockingProfiler, trainer: Any) -> Any:
+    """verl's ``Tracking`` whose loggers add the figures of the step before to what each
+    ``log`` gets (``aprof.verl._run.logged_figures``); the logger ``fit()`` made is kept as
+    the trainer's ``aprof_tracking``, for the last step's."""
 
+    def make(*args: Any, **kwargs: Any) -> Any:
+        made = tracking(*args, **kwargs)
+        log = made.log
 
-@contextlib.contextmanager
-def _stage(prof: BlockingProfiler | None, name: str) -> Iterator[None]:
-    """``prof.stage(name)`` around the body, whose own errors alone reach the trainer."""
-    entered: AbstractContextManager[None] | None = None
-    if prof is not None:
-        try:
-            entered = prof.stage(name)
-            entered.__enter__()
-        except Exception as exc:  # a closed profiler: the stage runs unrecorded
-            logger.warning("aprof stage not recorded", stage=name, error=describe(exc))
-            entered = None
-    failure: BaseException | None = None
-    try:
-        yield
-    except BaseException as exc:
-        failure = exc
-        raise
-    finally:
-        if entered is not None:
-            try:
-                if failure is None:
-                    entered.__exit__(None, None, None)
-                else:
-                    entered.__exit__(type(failure), failure, failure.__traceback__)
-            except Exception as exc:
-                logger.warning("aprof stage not recorded", stage=name, error=describe(exc))
+        def log_figures(data: dict[str, Any], step: int, *more: Any, **named: Any) -> Any:
+            if "aprof/step" not in data:  # not the last step's, logged as they are
+                data = {**data, **logged_figures(prof, step - 1, replicas(trainer))}
+            return log(data, step, *more, **named)
+
+        made.log = log_figures
+        trainer.aprof_tracking = made
+        return made
+
+    return make
 
 
 class ProfiledTrainerMixin:
@@ -130,7 +93,10 @@ class ProfiledTrainerMixin:
 
     aprof_profiler: BlockingProfiler | None = None
     """The driver's profiler, open; ``None``: the trainer runs as verl's own."""
-    _aprof_step: AbstractContextManager[int] | None = None
+    aprof_tracking: Any = None
+    """The logger ``fit()`` made, once it made one: the last step's figures are logged with
+    it after the profiler closed (``aprof.verl._run.log_last_figures``)."""
+    _aprof_step: OpenStep | None = None
     _aprof_rollout_over = False
     """The open step's rollout was said to be over (its first training stage began)."""
 
@@ -151,17 +117,12 @@ class ProfiledTrainerMixin:
     def _start_profiling(self, do_profile: bool) -> None:
         super()._start_profiling(do_profile)  # type: ignore[misc]
         self._aprof_leave()
-        prof = self.aprof_profiler
         step: Any = getattr(self, "global_steps", None)
-        if prof is None or not isinstance(step, int):
+        if self.aprof_profiler is None or not isinstance(step, int):
             return
-        try:
-            entered = prof.step(step)
-            entered.__enter__()
-        except Exception as exc:  # a closed profiler, say: the trainer goes on unprofiled
-            logger.warning("aprof step did not open", step=step, error=describe(exc))
-            return
-        self._aprof_step = entered
+        if self._aprof_step is None:
+            self._aprof_step = OpenStep()
+        self._aprof_step.begin(self.aprof_profiler, step)
         self._aprof_rollout_over = False
 
     def _stop_profiling(self, do_profile: bool, run_command: bool = False) -> None:
@@ -183,40 +144,42 @@ class ProfiledTrainerMixin:
         return self._aprof_stage("_update_critic", batch)
 
     def _update_actor(self, batch: Any) -> Any:
-        output = self._aprof_stage("_update_actor", batch)
+        return self._aprof_stage("_update_actor", batch)
+
+    def fit(self, *args: Any, **kwargs: Any) -> Any:
+        """verl's, each step's figures added to the metrics it logs for that step."""
+        fit = super().fit  # type: ignore[misc]
         prof = self.aprof_profiler
         if prof is None:
-            return output
+            return fit(*args, **kwargs)
         try:
-            account = prof.accounting()
-            found = getattr(output, "meta_info", None)
-            if account is not None and isinstance(found, dict):
-                logged = found.setdefault("metrics", {})
-                if isinstance(logged, dict):
-                    logged.update({k: [v] for k, v in metrics(account).items()})
-        except Exception as exc:  # the observer never stops the trainer
-            logger.warning("aprof metrics not added", error=describe(exc))
-        return output
+            module = importlib.import_module(TRACKING)
+            tracking = module.Tracking
+        except (ImportError, AttributeError) as exc:
+            logger.warning("aprof figures not logged: no verl logger", error=describe(exc))
+            return fit(*args, **kwargs)
+        trainer: Any = self
+        setattr(module, "Tracking", _with_figures(tracking, prof, trainer))  # noqa: B010
+        try:
+            return fit(*args, **kwargs)
+        finally:
+            setattr(module, "Tracking", tracking)  # noqa: B010
 
     def _aprof_stage(self, method: str, batch: Any) -> Any:
         """verl's ``method`` on ``batch``, as a stage on the driver's timeline; the step's
         first says its rollout is over."""
         run = getattr(super(), method)
         prof = self.aprof_profiler
-        if prof is not None and self._aprof_step is not None and not self._aprof_rollout_over:
+        opened = self._aprof_step is not None and self._aprof_step.open
+        if prof is not None and opened and not self._aprof_rollout_over:
             self._aprof_rollout_over = True
             try:
                 prof.rollout_ended()
             except Exception as exc:  # the observer never stops the trainer
                 logger.warning("aprof rollout end not told", error=describe(exc))
-        with _stage(prof, TRAINER_STAGES[method]):
+        with stage(prof, TRAINER_STAGES[method]):
             return run(batch)
 
     def _aprof_leave(self) -> None:
-        entered, self._aprof_step = self._aprof_step, None
-        if entered is None:
-            return
-        try:
-            entered.__exit__(None, None, None)
-        except Exception as exc:  # the observer never stops the trainer
-            logger.warning("aprof step did not close", error=describe(exc))
+        if self._aprof_step is not None:
+            self._aprof_step.end()

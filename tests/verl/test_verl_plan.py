@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import aprof
 from aprof import ConfigError, load_config
 from aprof.cli import main
 from aprof.verl import STAGES, VerlPlan, load
+from aprof.verl._launch import launch_overrides
 
 ACTOR = "actor_rollout_ref.actor.profiler"
 ROLLOUT = "actor_rollout_ref.rollout.profiler"
@@ -78,7 +80,10 @@ def test_plan_of_a_clean_config() -> None:
     plan = load(verl_cfg())
     assert isinstance(plan, VerlPlan)
     assert plan.warnings == ()
-    assert plan.overrides == ("global_profiler.steps=null",)
+    # aprof on (the hook, its block), then verl's own profiler off.
+    assert plan.overrides == (*launch_overrides(plan.config), "global_profiler.steps=null")
+    assert plan.overrides[0].startswith("++ray_kwargs.ray_init.runtime_env.")
+    assert plan.overrides[1].startswith("++aprof={")
     assert plan.config.rollout.enable and plan.config.roles["actor"].discrete
     assert aprof.verl.load(verl_cfg()).config == plan.config
     assert aprof.verl.load is load
@@ -139,7 +144,7 @@ def test_rollout_profiled_only_when_verl_would(changes: dict[str, Any], fragment
     assert plan.config.rollout.enable is False
     (warning,) = (w for w in plan.warnings if "rollout" in w)
     assert fragment in warning and warning.endswith("so the plan does not profile the rollout")
-    assert plan.overrides == ("global_profiler.steps=null",)
+    assert plan.overrides[2:] == ("global_profiler.steps=null",)
 
 
 def test_rollout_discrete_inherits_the_actors() -> None:
@@ -212,7 +217,7 @@ def test_errors_name_the_key_the_user_set() -> None:
 def test_overrides_clear_verls_token_window() -> None:
     window = f"{ROLLOUT}.tool_config.torch"
     cfg = verl_cfg(**{key(f"{window}.profile_token_end"): 40})
-    assert load(cfg).overrides == (
+    assert load(cfg).overrides[2:] == (
         "global_profiler.steps=null",
         f"{window}.profile_token_end=null",
     )
@@ -259,22 +264,60 @@ def test_plain_loader_points_a_dictconfig_holding_a_mandatory_value_to_the_verl_
         assert load(omegaconf.OmegaConf.create(cfg)).config == load(verl_cfg()).config
 
 
-def test_launch_args_reads_a_verl_config(
+def test_launch_args_prints_the_overrides_shell_quoted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "ppo_trainer.yaml"
+    path.write_text(
+        "global_profiler: {tool: torch, steps: [1], stepz: 2, save_path: 'my profile'}\n"
+    )
+    assert main(["launch-args", "--verl", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert err == "warning: global_profiler.stepz: unknown key (did you mean 'steps'?)\n"
+    plan = load(path)
+    assert str(plan.config.global_profiler.save_path) == "my profile"
+    # One shell word a line: bash reads the lines back as the plan's overrides.
+    words = subprocess.run(
+        ["bash", "-c", 'eval "extra=($(cat))"; printf "%s\\n" "${extra[@]}"'],
+        input=out,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout.splitlines()
+    assert tuple(words) == plan.overrides and len(out.splitlines()) == len(words)
+    assert f"save_path:'{tmp_path / 'my profile'}'" in words[1]  # absolute, quoted for Hydra
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--verl"], "--verl needs CONFIG"),
+        (["--verl", "--engine", "vllm", "--port", "0", "CFG"], "--engine, --port: not used"),
+        (["--verl", "--command", "CFG"], "--command: not used with --verl"),
+        (["CFG"], "--engine and --version are required (or --verl"),
+        (["--engine", "vllm", "CFG"], "--engine and --version are required"),
+    ],
+)
+def test_launch_args_says_which_options_go_with_verl(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "ppo_trainer.yaml"
+    path.write_text("global_profiler: {tool: torch, steps: [1]}\n")
+    assert main(["launch-args", *[str(path) if a == "CFG" else a for a in argv]]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith("aprof launch-args: ") and message in err
+
+
+def test_plain_launch_args_points_a_verl_config_to_verl(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "ppo_trainer.yaml"
-    path.write_text("global_profiler: {tool: torch, steps: [1], stepz: 2}\n")
-    assert (
-        main(["launch-args", "--verl", "--engine", "vllm", "--version", "0.13.0", str(path)]) == 0
-    )
-    out, err = capsys.readouterr()
-    assert "#   global_profiler.steps=null" in out
-    assert err == "warning: global_profiler.stepz: unknown key (did you mean 'steps'?)\n"
     path.write_text("actor_rollout_ref: {}\n")
     assert main(["launch-args", "--engine", "vllm", "--version", "0.13.0", str(path)]) == 1
     assert "aprof.verl.load(cfg)" in capsys.readouterr().err  # and launch-args --verl
-    assert main(["launch-args", "--verl", "--engine", "vllm", "--version", "0.13.0"]) == 1
-    assert "--verl needs CONFIG" in capsys.readouterr().err
 
 
 NSYS = "global_profiler.global_tool_config.nsys"

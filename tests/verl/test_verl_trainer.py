@@ -2,24 +2,42 @@
 
 verl is not installed here: ``VerlTrainer`` stands in for verl 0.9.1's ``RayPPOTrainer`` with
 its two per-step hooks, the worker-group calls the mixin runs as stages, their signatures, and
-the order ``fit()`` calls them in, and how ``fit()`` turns ``_update_actor``'s
-``meta_info["metrics"]`` into the metrics it logs (the real class is checked against it in
-``e2e/verl/test_verl_trainer.py``)."""
+the order ``fit()`` calls them in, and the ``Tracking`` logger of its module that ``fit()``
+logs each step's metrics with (the real class is checked against it in
+``e2e/verl/test_verl_trainer.py``, and run whole in ``e2e/verl_ppo``)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from types import ModuleType
+from typing import Any, ClassVar
 
 import pytest
 
 import aprof
 from aprof._report import collect
 from aprof.testing import RecordingTarget, assert_windows
-from aprof.verl._trainer import METRICS
+from aprof.verl._trainer import TRACKING
 
 MakeConfig = Callable[..., aprof.ProfilerConfig]
+
+
+class Tracking:
+    """verl's logger as ``fit()`` makes and calls it (``verl.utils.tracking.Tracking``)."""
+
+    logged: ClassVar[list[dict[str, float]]] = []
+
+    def log(self, data: dict[str, float], step: int) -> None:
+        self.logged.append({**data, "logged_step": step})
+
+
+@pytest.fixture(autouse=True)
+def verls_tracking(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``verl.utils.tracking`` as far as ``fit()`` imports it: its ``Tracking``."""
+    module = ModuleType(TRACKING)
+    module.Tracking = Tracking  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, TRACKING, module)
 
 
 class VerlTrainer:
@@ -30,8 +48,6 @@ class VerlTrainer:
         self.calls: list[tuple[str, int, bool]] = []
         self.seen: list[int | None] = []
         """aprof's current step while each step's body ran."""
-        self.logged: list[dict[str, float]] = []
-        """The metrics each step logged."""
 
     def _start_profiling(self, do_profile: bool) -> None:
         self.calls.append(("verl start", self.global_steps, do_profile))
@@ -43,7 +59,7 @@ class VerlTrainer:
         return batch
 
     def _update_actor(self, batch: Any) -> Any:
-        return Output(meta_info={"metrics": {"actor/loss": [0.5, 1.5]}})
+        return {"actor/loss": 1.0}
 
     def fit(
         self,
@@ -55,6 +71,7 @@ class VerlTrainer:
         """As verl's: start hook, the step's work (old log-probs, the actor's update), stop
         hook, the step's metrics logged, then the next global step. ``after_step``: the
         test's, after each step."""
+        logger = sys.modules[TRACKING].Tracking()  # verl's fit(): imports it, makes one
         self.global_steps = 1
         for _ in range(steps):
             self._start_profiling(False)  # verl's own profiler is off (plan.overrides)
@@ -63,21 +80,11 @@ class VerlTrainer:
             if self.global_steps == fail_at:
                 raise RuntimeError("a step failed")
             batch = self._compute_old_log_prob(object())
-            actor_output = self._update_actor(batch)
+            metrics = self._update_actor(batch)
             self._stop_profiling(False, run_command=False)
-            # verl's reduce_metrics: the mean of each list (max/min for such names).
-            self.logged.append(
-                {k: sum(v) / len(v) for k, v in actor_output.meta_info["metrics"].items()}
-            )
+            logger.log(data=metrics, step=self.global_steps)
             self.global_steps += 1
             after_step()
-
-
-@dataclass
-class Output:
-    """verl's ``DataProto`` as far as ``fit()`` reads ``_update_actor``'s output."""
-
-    meta_info: dict[str, Any] = field(default_factory=dict)
 
 
 class Trainer(aprof.verl.ProfiledTrainerMixin, VerlTrainer):
@@ -166,20 +173,20 @@ def test_without_a_profiler_or_after_it_closed_the_trainer_runs_as_verls(
     assert len(trainer.calls) == 8
 
 
-def test_stages_are_timed_and_the_last_steps_figures_reach_the_logged_metrics(
+def test_stages_are_timed_and_each_steps_figures_reach_the_next_steps_metrics(
     make_config: MakeConfig,
 ) -> None:
     trainer = Trainer()
+    Tracking.logged = []
     with aprof.BlockingProfiler(make_config(global_profiler={"steps": []})) as prof:
         trainer.aprof_profiler = prof
-        # The step's timeline write goes on after the step; a step of verl's takes seconds,
-        # far longer: here, the test waits for it.
-        trainer.fit(3, after_step=prof.flush)
-    first, *later = trainer.logged
-    assert first == {"actor/loss": 1.0}  # no step had ended yet
+        trainer.fit(3)
+    assert [logged["logged_step"] for logged in Tracking.logged] == [1, 2, 3]
+    first, *later = Tracking.logged
+    assert first == {"actor/loss": 1.0, "logged_step": 1}  # no step had ended before it
     for n, logged in enumerate(later, start=1):
+        assert logged["actor/loss"] == 1.0  # verl's own metrics, as they were
         assert logged["aprof/step"] == n  # the step before the one that logs them
-        assert set(logged) <= {"actor/loss", *METRICS}
         assert logged["aprof/train_s"] > 0 and logged["aprof/requests"] == 0
         total = (
             logged["aprof/rollout_s"]
@@ -188,6 +195,11 @@ def test_stages_are_timed_and_the_last_steps_figures_reach_the_logged_metrics(
             + logged["aprof/idle_s"]
         )
         assert abs(total - logged["aprof/wall_s"]) < 1e-6
+        assert logged["aprof/trainer_idle_ratio"] == pytest.approx(
+            1 - logged["aprof/train_s"] / logged["aprof/wall_s"]
+        )
+    assert trainer.aprof_tracking is not None  # for the last step's, once the profiler closed
     accounts = collect(prof.save_path).accounts
     assert [a.step for a in accounts] == [1, 2, 3]
     assert all(a.train_s > 0 for a in accounts)  # the stages, on the driver's timeline
+    assert sys.modules[TRACKING].Tracking is Tracking  # verl's own again after fit()
