@@ -193,3 +193,14 @@ def test_vllms_own_request_spans_nest_under_aprofs_requests(run: Run) -> None:
         doc = json.load(f)
     served = [e for e in doc["traceEvents"] if e.get("cat") == "aprof.server"]
     assert sum(e["name"] == "llm_request" for e in served) == ROLLOUTS
+
+
+def test_each_request_carries_the_staleness_of_the_weights_that_served_it(run: Run) -> None:
+    steps = steps_of(run.report())
+    stale = {n: s["staleness"] for n, s in steps.items() if s["staleness"] is not None}
+    assert sum(s["count"] for s in stale.values()) >= STEPS * ROLLOUTS, stale
+    if mode_of(run) == "separate_async":
+        # The standalone replica generates ahead: one weight sync behind, as verl counts it.
+        assert all(stale[n]["max"] >= 1 for n in range(2, STEPS + 1)), stale
+    elif mode_of(run) in ("sync", "legacy"):
+        assert all(s["max"] == 0 for s in stale.values()), stale  # on-policy
