@@ -153,20 +153,7 @@ class _ProfiledGenerate:
             # verl's generate takes the prompt's ids and answers with the generated ones.
             req.prompt_tokens = _length(kwargs.get("prompt_ids"))
             req.forward(tokens=_length(getattr(answer, "token_ids", None)))
-        self._staleness(answer)
-        return answer
-
-    def _staleness(self, answer: Any) -> None:
-        """Put on the timeline, in the current step, how stale the weights that generated
-        ``answer`` were, as verl counts it: the step less one, less the weights' version
-        (the server's ``global_steps``, set at each weight sync): 0 in a synchronous run."""
-        extra = getattr(answer, "extra_fields", None)
-        version = extra.get("global_steps") if isinstance(extra, dict) else None
-        now = self._profiler.current_step
-        if not isinstance(version, int) or now is None:
-            return
-        with self._profiler.span("trajectory", staleness=max(0, now - 1 - version)):
-            pass  # zero-length: the span carries its attrs and its step only
+            return answer
 
 
 def profiled(

@@ -369,6 +369,22 @@ class VerlRun:
         """The body as a stage on the driver's timeline (:func:`stage`)."""
         return stage(self._profiler, name, training=training)
 
+    def trajectories(self, batch: Any, step: int) -> None:
+        """The staleness of each trajectory of ``batch`` (verl's ``KVBatchMeta``) that step
+        ``step`` trains on, as verl counts it: how many weight versions the newest weights
+        that generated it lag behind the ones being trained (``step - 1 -
+        max_global_steps``), on the driver's timeline in the open step."""
+        if self._profiler is None or not self._step.open:
+            return
+        try:
+            for tag in getattr(batch, "tags", ()):
+                version = tag.get("max_global_steps")
+                if isinstance(version, int) and not tag.get("is_padding", False):
+                    with self._profiler.span("trajectory", staleness=step - 1 - version):
+                        pass  # zero-length: the span carries its attrs and its step only
+        except Exception as exc:
+            logger.warning("aprof staleness not recorded", step=step, error=describe(exc))
+
     def figures(self, step: int) -> dict[str, float]:
         """Step ``step`` (ended) as verl metrics (:func:`logged_figures`)."""
         if self._profiler is None:

@@ -16,6 +16,7 @@ With an ``aprof`` block in verl's config:
 - the rollout client the agent loops get profiles each call to a replica; in
   ``separate_async``, the training replicas hybrid switching lends to generation are capture
   targets while lent (added and removed as the run goes on);
+- each trajectory a step trains on carries its staleness, as verl counts it;
 - the figures of each step go into the metrics verl logs (``aprof/...``): with the next
   step's, once every process's timeline of it arrived, and the last step's as the run ends
   (``aprof.verl._run.logged_figures``).
@@ -154,6 +155,7 @@ class V1Mixin:
         self, batch: Any, metrics: dict[str, Any], *args: Any, **kwargs: Any
     ) -> Any:
         if self._aprof is not None:
+            self._aprof.trajectories(batch, self.global_steps)
             self._aprof.end_step()
             metrics.update(self._aprof.figures(self.global_steps - 1))
         return super()._compute_metrics(batch, metrics, *args, **kwargs)  # type: ignore[misc]
