@@ -1,4 +1,4 @@
-"""What the verl tests share: skipped without verl (``nox -s verl_e2e`` installs 0.9.1 and what its
+"""What the verl tests share: skipped without verl (``nox -s verl`` installs 0.9.1 and what its
 modules import on CPU), and a local Ray cluster per test module."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 @pytest.fixture(scope="module")
 def ray_cluster(request: pytest.FixtureRequest) -> Iterator[None]:
     """A local cluster whose actors can unpickle the test module's classes."""
-    ray = pytest.importorskip("ray", reason="Ray is not installed (nox -s verl_e2e installs it)")
+    ray = pytest.importorskip("ray", reason="Ray is not installed (nox -s verl installs it)")
     os.environ["RAY_AUTH_MODE"] = "disabled"  # a local test cluster needs no token
     module = sys.modules[request.module.__name__]
     ray.cloudpickle.register_pickle_by_value(module)  # not importable in Ray's workers

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("verl.experimental.agent_loop", reason="nox -s verl_e2e installs verl 0.9.1")
+pytest.importorskip("verl.experimental.agent_loop", reason="nox -s verl installs verl 0.9.1")
 pytest.importorskip("ray")
 
 import aprof

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("verl.workers.rollout.llm_server", reason="nox -s verl_e2e installs verl 0.9.1")
+pytest.importorskip("verl.workers.rollout.llm_server", reason="nox -s verl installs verl 0.9.1")
 ray = pytest.importorskip("ray")
 from anyio.from_thread import start_blocking_portal
 from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient, LLMServerClient

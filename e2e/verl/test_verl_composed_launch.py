@@ -14,7 +14,7 @@ import pytest
 import aprof
 
 if importlib.util.find_spec("verl") is None:
-    pytest.skip("verl is not installed (nox -s verl_e2e installs 0.9.1)", allow_module_level=True)
+    pytest.skip("verl is not installed (nox -s verl installs 0.9.1)", allow_module_level=True)
 hydra: Any = pytest.importorskip("hydra", reason="hydra-core (verl's config composer)")
 OmegaConf: Any = pytest.importorskip("omegaconf").OmegaConf
 

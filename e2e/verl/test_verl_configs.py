@@ -16,7 +16,7 @@ import aprof
 
 _SPEC = importlib.util.find_spec("verl")
 if _SPEC is None or not _SPEC.submodule_search_locations:
-    pytest.skip("verl is not installed (nox -s verl_e2e installs 0.9.1)", allow_module_level=True)
+    pytest.skip("verl is not installed (nox -s verl installs 0.9.1)", allow_module_level=True)
 OmegaConf: Any = pytest.importorskip("omegaconf").OmegaConf
 CONFIGS = Path(next(iter(_SPEC.submodule_search_locations))) / "trainer" / "config"
 TRAINERS = sorted(CONFIGS.glob("_generated_*trainer.yaml"))

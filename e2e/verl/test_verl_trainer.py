@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 trainer_module = pytest.importorskip(
-    "verl.trainer.ppo.ray_trainer", reason="nox -s verl_e2e installs verl 0.9.1"
+    "verl.trainer.ppo.ray_trainer", reason="nox -s verl installs verl 0.9.1"
 )
 
 import aprof  # noqa: E402

@@ -19,7 +19,7 @@ import pytest
 import aprof
 from aprof._report import accounting
 
-pytest.importorskip("verl", reason="verl is not installed (nox -s verl_e2e installs 0.9.1)")
+pytest.importorskip("verl", reason="verl is not installed (nox -s verl installs 0.9.1)")
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'aprof[ray]')")
 torch = pytest.importorskip("torch")
 

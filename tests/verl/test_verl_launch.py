@@ -97,7 +97,7 @@ def hydra_reads() -> Callable[[str], tuple[object, object]]:
     """What Hydra reads of an ``++aprof=<text>`` override: the value its parser gives, and
     the value verl's composed config (OmegaConf's) holds, resolved."""
     parsing = pytest.importorskip(
-        "hydra.core.override_parser.overrides_parser", reason="hydra-core (nox -s verl_e2e)"
+        "hydra.core.override_parser.overrides_parser", reason="hydra-core (nox -s verl)"
     )
     omegaconf = pytest.importorskip("omegaconf").OmegaConf
     parser = parsing.OverridesParser.create()
