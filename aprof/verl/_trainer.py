@@ -12,9 +12,10 @@ The trainer's calls into its worker groups (:data:`TRAINER_STAGES`: old log-prob
 values, critic and actor updates) run as ``prof.stage(...)`` on the driver's timeline, in every
 step, so ``aprof report`` counts them as training time; the step's first one follows its
 generation, and tells the profiler the rollout is over (``prof.rollout_ended()``: role
-captures held for it, ``colocated``, start). Each step's figures (``aprof/rollout_s``,
+captures held for it, ``colocated``, start). The figures of each step (``aprof/rollout_s``,
 ``aprof/trainer_idle_ratio``, ``aprof/tail_s``, ...: ``aprof.verl._run.figures``) join the
-metrics ``fit()`` logs for that step: while ``fit()`` runs, the ``Tracking`` logger it makes
+metrics ``fit()`` logs for the next step (the step's agent-loop requests are reported after it
+ends; ``aprof/step`` names it): while ``fit()`` runs, the ``Tracking`` logger it makes
 (``verl.utils.tracking.Tracking``, imported as ``fit()`` begins) adds them to each ``log``
 call, so they reach verl's own loggers (console, file, wandb, tensorboard).
 """
