@@ -89,11 +89,14 @@ class BlockingProfiler:
             self._portal.call(self._profiler.remove_target, name)
 
     def rollout_ended(self) -> None:
-        """The open step's rollout is over, as :meth:`aprof.Profiler.rollout_ended`."""
+        """The open step's rollout is over, as :meth:`aprof.Profiler.rollout_ended`; returns
+        once the role captures held for it have started (:meth:`aprof.Profiler.roles_started`),
+        so that the stage the caller runs next is captured."""
         if self._portal is None or self._status != "open":
             self._profiler.rollout_ended()
         else:
             self._portal.call(self._profiler.rollout_ended)
+            self._portal.call(self._profiler.roles_started)
 
     def step(self, n: int) -> AbstractContextManager[int]:
         """``with prof.step(n):`` global step ``n``: opens and closes that step's windows."""

@@ -56,6 +56,11 @@ class Hold:
         """The start waits for its step's rollout: the step does not wait for the start."""
         return bool(self.due)
 
+    @property
+    def released(self) -> bool:
+        """Its step's rollout on its devices is over: the start goes on."""
+        return self.rollout.over or self.due <= self.rollout.ended
+
 
 class Colocation:
     """The ``colocated`` rule of one run (see the module)."""
@@ -109,7 +114,7 @@ class Colocation:
         began = time.monotonic()
         name = hold.machine.target.name
         due = sorted(hold.due)
-        while not (hold.rollout.over or hold.due <= hold.rollout.ended):
+        while not hold.released:
             changed = self._changed
             if run.stop_task is not None:
                 break

@@ -221,6 +221,13 @@ class Profiler(Recording):
             raise UsageError("the profiler is closed")
         self._steps.rollout_ended()
 
+    async def roles_started(self) -> None:
+        """Wait until the open step's role windows have started (or ended without starting),
+        those held for its rollout (``colocated``) included: after :meth:`rollout_ended`,
+        so that the training that follows is captured from its first stage. Bounded (the
+        stops it waits for, then a start); returns at once outside a step."""
+        await self._steps.roles_started()
+
     def step(self, n: int) -> _Step:
         """The context of global step ``n`` (1-based): opens and closes that step's windows.
 

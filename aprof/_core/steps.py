@@ -16,7 +16,7 @@ from functools import partial
 
 from aprof._config import ProfilerConfig
 from aprof._core.admission import Admission
-from aprof._core.colocation import Colocation
+from aprof._core.colocation import Colocation, Hold
 from aprof._core.control import Control
 from aprof._core.disk_guard import DiskGuard
 from aprof._core.plan import Plan, Scope
@@ -63,6 +63,8 @@ class Steps:
         """Selected steps entered so far (a step entered again opens no window)."""
         self._roles: dict[str, WindowRun] = {}
         """Role windows open, by target: a continuous one outlives its step."""
+        self._holds: dict[str, Hold] = {}
+        """What the start of each held role window of the open step waits for."""
         self._began = 0
 
     @property
@@ -99,6 +101,7 @@ class Steps:
             if not continues:
                 self._windows.close(run, "step_end")
                 del self._roles[name]
+        self._holds.clear()
         self._admission.begin(n, {} if scope is None else scope.replicas)
         if scope is not None:
             self._entered.add(n)
@@ -121,6 +124,8 @@ class Steps:
                 hold = self._colocation.hold(machine, n, scope.replicas)
                 gate = None if hold is None else partial(self._colocation.clear, hold)
                 self._roles[name] = run = self._windows.open(machine, n, claim, gate)
+                if hold is not None:
+                    self._holds[name] = hold
                 if hold is None or not hold.deferred:  # else it starts once the rollout is over
                     roles.append(run)
             rollouts = (
@@ -199,9 +204,23 @@ class Steps:
         self._colocation.rollout_over(n)
         self._serving.changed()
 
+    async def roles_started(self) -> None:
+        """Wait until the open step's role windows have started, or ended without starting,
+        those held for a rollout not yet over aside: a held one waits for the captures on its
+        devices to stop first, then starts (bounded by that wait and a start)."""
+        starting = {
+            run.start_task
+            for name, run in self._roles.items()
+            if run.start_task is not None
+            and not run.start_task.done()
+            and (name not in self._holds or self._holds[name].released)
+        }
+        await wait(starting, self._windows.bound() + self._config.timeouts.start_s)
+
     def forget(self, name: str) -> list[WindowRun]:
         """The role target ``name`` is removed: its window open now, if any, which no step
         closes any more."""
+        self._holds.pop(name, None)
         run = self._roles.pop(name, None)
         return [] if run is None else [run]
 
@@ -212,3 +231,4 @@ class Steps:
         for run in self._roles.values():
             self._windows.close(run, "run_end")
         self._roles.clear()
+        self._holds.clear()

@@ -22,6 +22,8 @@ STEPS = 3
 ROLLOUTS = 4 * 2
 """Rollouts verl makes per step: ``data.train_batch_size`` 4 prompts, ``rollout.n`` 2."""
 ASYNC = ("colocate_async", "separate_async")
+EXCLUSIVE = "[{role:actor,replicas:all,exclusive:true}]"
+"""The actor's captures and its replicas' never run at once (Hydra's override grammar)."""
 
 
 @pytest.fixture(scope="module", params=["sync", "colocate_async", "separate_async", "legacy"])
@@ -33,6 +35,10 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     during = (lambda save_path: asked.append(capture_next(save_path))) if mode == "sync" else None
     # In sync too: vLLM's own request spans sent to aprof's receiver (otel.receive).
     extra = ["++aprof.otel.receive=true"] if mode == "sync" else []
+    if mode != "separate_async":
+        # The hybrid engine's replicas share the actor's devices; the captures there exclude
+        # each other by default only for npu and nsys: here torch's do too (verl #7722).
+        extra.append(f"++aprof.colocated={EXCLUSIVE}")
     done = run_example(
         out, mode, "--steps", str(PROFILED), "--num-steps", str(STEPS), *extra, during=during
     )
@@ -101,13 +107,17 @@ def test_a_capture_asked_while_the_run_goes_on_is_answered_and_captured(run: Run
 
 
 def test_the_rollout_and_training_captures_never_overlap_on_shared_devices(run: Run) -> None:
-    """The hybrid engine's replicas share the actor's devices: the actor's captures (one per
-    annotated stage) run once the step's rollout capture has stopped (verl #7722)."""
+    """The hybrid engine's replicas share the actor's devices, their captures exclusive: the
+    actor's captures (one per annotated stage, the first stage after generation included) run
+    once the step's rollout capture has stopped (verl #7722)."""
     if mode_of(run) == "separate_async":
         pytest.skip("the standalone replica has devices of its own")
+    (colocated,) = aprof.load_manifest(run.save_path).config["colocated"]
+    assert (colocated["role"], colocated["exclusive"]) == ("actor", True)
     found = windows(run.save_path, PROFILED)
     (rollout,) = [w for w in found if w.kind == "rollout"]
     (actor,) = [w for w in found if w.target == "actor"]
+    assert actor.waited_for is not None and rollout.target in actor.waited_for.targets, actor
     assert rollout.stopped_ns is not None and actor.captures
     for capture in actor.captures:
         assert rollout.stopped_ns <= capture.started_ns, (capture.stage, rollout, actor)

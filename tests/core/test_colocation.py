@@ -117,6 +117,22 @@ async def test_the_role_capture_starts_once_the_steps_rollout_has_stopped(
     assert all(window(prof, 1, f"replica_{r}").stop_reason == "auto_stop" for r in (0, 1))
 
 
+async def test_roles_started_returns_once_the_held_role_capture_runs(tmp_path: Path) -> None:
+    """After ``rollout_ended()``, ``roles_started()`` waits for the rollout's stop (slow here)
+    and the held role capture's start: what the caller runs next is captured."""
+    cfg = config(tmp_path, rollout={"forward_steps": None})
+    async with profiled(cfg, stop_latency=0.05) as (prof, device, actor, _replicas):
+        async with prof.step(1):
+            await prof.roles_started()  # nothing held yet waits: the rollout goes on
+            async with prof.request(replica=0):
+                pass
+            prof.rollout_ended()
+            await prof.roles_started()
+            assert actor.active is not None and device.running == {"actor"}
+        await prof.roles_started()  # outside a step: at once
+    assert device.overlaps == []
+
+
 async def test_rollout_ended_ends_the_rollout_and_lets_the_role_start(tmp_path: Path) -> None:
     cfg = config(tmp_path, rollout={"forward_steps": None})
     async with profiled(cfg) as (prof, device, actor, _replicas):

@@ -116,8 +116,19 @@ def test_the_first_stage_after_generation_ends_the_rollout_for_colocated_roles(
 ) -> None:
     """verl's hybrid engine: the actor shares the rollout's GPUs (npu: exclusive). The step's
     first trainer stage follows its generation: the mixin says the rollout is over there, so
-    the held actor capture starts, after the rollout capture has stopped."""
-    trainer = Trainer()
+    the held actor capture starts, after the rollout capture has stopped, and before that
+    first stage runs (the rollout's stop takes a while: the stage is not let through early)."""
+    capturing: list[bool] = []
+
+    class Watched(VerlTrainer):
+        def _compute_old_log_prob(self, batch: Any) -> Any:
+            capturing.append(actor.active is not None)
+            return super()._compute_old_log_prob(batch)
+
+    class WatchedTrainer(aprof.verl.ProfiledTrainerMixin, Watched):
+        pass
+
+    trainer = WatchedTrainer()
     cfg = make_config(
         global_profiler={"steps": [1], "tool": "npu"},
         roles={"actor": {"enable": True}},
@@ -125,12 +136,13 @@ def test_the_first_stage_after_generation_ends_the_rollout_for_colocated_roles(
         colocated=[{"role": "actor"}],
     )
     actor = RecordingTarget("actor", kind="role")
-    replica = RecordingTarget("replica_0", replica=0)
+    replica = RecordingTarget("replica_0", replica=0, stop_latency=0.05)
     with aprof.BlockingProfiler(cfg) as prof:
         prof.add_target(actor)
         prof.add_target(replica)
         trainer.aprof_profiler = prof
         trainer.fit(1)
+    assert capturing == [True]
     assert_windows(
         prof.manifest,
         [
