@@ -391,6 +391,19 @@ class TimelineConfig(_Model):
     )
 
 
+class ClusterConfig(_Model):
+    """A run over several Ray nodes without shared storage: bringing their files home."""
+
+    collect: Literal["off", "on_close"] = Field(
+        "off",
+        description="on_close: as the profiler closes, fetch every file of the run that other "
+        "Ray nodes hold into save_path (aprof collect does it later).",
+    )
+    collect_s: Seconds = Field(
+        600.0, ge=1, le=86400, description="Longest the collection at close may take."
+    )
+
+
 class _ServerConfig(_Model):
     """The bounds every HTTP server of the run (the control endpoint, the OTLP receiver) keeps
     on its clients."""
@@ -520,6 +533,7 @@ class ProfilerConfig(_Model):
     control: ControlConfig = Field(default_factory=ControlConfig)
     triggers: TriggersConfig = Field(default_factory=TriggersConfig)
     otel: OtelConfig = Field(default_factory=OtelConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     colocated: list[ColocatedConfig] = Field(
         default_factory=list, description="Roles that share accelerators with rollout replicas."
     )

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -19,6 +18,7 @@ from typing import Any
 
 from aprof._accounting import STAGE
 from aprof._config import TimelineConfig
+from aprof._core.host import host_name
 from aprof._layout import OutputLayout
 from aprof._logging import logger
 from aprof._manifest import Clock, TimelineFile, WindowRecord
@@ -90,7 +90,7 @@ class ProcessTimeline:
         self.process = process
         self._on_written = on_written
         self._root = root
-        self._host = socket.gethostname()
+        self._host = host_name()
         """This machine, as the manifest names it beside each timeline file."""
         clock = clock or Clock(wall_ns=time.time_ns(), monotonic_ns=time.monotonic_ns())
         self.timeline = (

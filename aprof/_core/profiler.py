@@ -331,6 +331,7 @@ class Profiler(Recording):
             self._status = "closed"
             try:
                 await self._timeline.aclose()
+                await self._serving.last_word()
             finally:
                 # The run's last word: as long as a window may take to end, a slow disk too.
                 await self._files.aclose(self._windows.bound())

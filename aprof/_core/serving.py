@@ -20,7 +20,7 @@ from aprof._core.sharing import Link, RemotePhase, Report, RolloutView
 from aprof._core.targets import Targets
 from aprof._core.window import Phase, add_counts, shared_phase
 from aprof._core.windows import Windows
-from aprof._manifest import ManifestFiles, NoteLevel, TimelineFile
+from aprof._manifest import HostClock, HostFile, ManifestFiles, NoteLevel, TimelineFile
 from aprof.abc import CaptureTarget
 
 
@@ -71,6 +71,24 @@ class Serving:
         """The profiler closes: have the other processes close and take their last reports."""
         if self.link is not None:
             await self.link.aclose()
+
+    async def last_word(self) -> None:
+        """The profiler's own files are written: the transport's last word on the run's files
+        and hosts (bounded)."""
+        if self.link is not None:
+            await self.link.last_word()
+
+    def hosts_and_files(
+        self, hosts: list[HostClock], files: list[HostFile] | None, notes: list[str]
+    ) -> None:
+        """Each host's clock, and (when listed) every file of the run on every host."""
+        self._files.hosts_and_files(hosts, files)
+        for text in notes:
+            self.note(None, None, text, level="problem")
+
+    def listed_files(self) -> list[HostFile]:
+        """The run's files on every host, as listed last."""
+        return list(self._files.manifest.files)
 
     def view(self, version: int) -> RolloutView:
         """The open step and where each selected replica's window of it stands."""

@@ -73,3 +73,7 @@ class Link(Protocol):
     async def aclose(self) -> None:
         """The profiler closes: have the other processes close, take their last reports in
         and stop (bounded)."""
+
+    async def last_word(self) -> None:
+        """The profiler's own files are written: list (or collect) the run's files on every
+        host and measure the clocks a last time (bounded), for the manifest."""

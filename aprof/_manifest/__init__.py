@@ -6,12 +6,15 @@
 """
 
 from aprof._manifest.files import ManifestFiles
-from aprof._manifest.load import load_manifest, load_step
+from aprof._manifest.load import load_manifest, load_run_file, load_step
 from aprof._manifest.model import (
+    FILENAME,
     Clock,
     EnforcedBy,
     FileEntry,
     ForwardSteps,
+    HostClock,
+    HostFile,
     Manifest,
     Note,
     NoteLevel,
@@ -19,6 +22,7 @@ from aprof._manifest.model import (
     RankCapture,
     RequestCounts,
     RequestedBy,
+    RunFile,
     StopReason,
     TimelineFile,
     Waited,
@@ -28,10 +32,13 @@ from aprof._manifest.model import (
 )
 
 __all__ = [
+    "FILENAME",
     "Clock",
     "EnforcedBy",
     "FileEntry",
     "ForwardSteps",
+    "HostClock",
+    "HostFile",
     "Manifest",
     "ManifestFiles",
     "Note",
@@ -40,12 +47,14 @@ __all__ = [
     "RankCapture",
     "RequestCounts",
     "RequestedBy",
+    "RunFile",
     "StopReason",
     "TimelineFile",
     "Waited",
     "WindowRecord",
     "WindowState",
     "load_manifest",
+    "load_run_file",
     "load_step",
     "split_notes",
 ]

@@ -25,6 +25,8 @@ from aprof._logging import logger
 from aprof._manifest.model import (
     FILENAME,
     STEPS_FOLDER,
+    HostClock,
+    HostFile,
     Manifest,
     Note,
     RunFile,
@@ -134,6 +136,14 @@ class ManifestFiles:
             self.manifest.timeline = listed
             self.changed(None)
 
+    def hosts_and_files(self, hosts: list[HostClock], files: list[HostFile] | None) -> None:
+        """Each host's measured clock, and every file of the run on every host (``None``:
+        as listed before)."""
+        self.manifest.hosts = hosts
+        if files is not None:
+            self.manifest.files = files
+        self.changed(None)
+
     def put(self, key: Key, data: bytes) -> None:
         """Have another file of the run (``key`` below ``save_path``) written by the same
         thread, atomically and newest version first: the control folder's answers and
@@ -190,6 +200,8 @@ class ManifestFiles:
                 timeline=m.timeline,
                 trace_salt=m.trace_salt,
                 otel=m.otel,
+                hosts=m.hosts,
+                files=m.files,
                 config=m.config,
             )
             text = run.model_dump_json(by_alias=True, indent=1)

@@ -56,8 +56,17 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
         timeline=run.timeline,
         trace_salt=run.trace_salt,
         otel=run.otel,
+        hosts=run.hosts,
+        files=run.files,
         config=run.config,
     )
+
+
+def load_run_file(path: str | os.PathLike[str]) -> RunFile:
+    """The run file (``manifest.json``) of the run at ``save_path`` ``path``, alone; raises
+    ``ManifestError`` as :func:`load_manifest` does."""
+    file = Path(path) / FILENAME
+    return _validate(RunFile, _read(file, SCHEMA), file)
 
 
 def load_step(path: str | os.PathLike[str], step: int, run_id: str) -> list[WindowRecord]:

@@ -222,6 +222,35 @@ class TimelineFile(_Model):
     """The machine the process ran on; absent in older manifests."""
 
 
+class HostClock(_Model):
+    """One host's wall clock against the driver's, measured over Ray (probes both ways: the
+    driver's send and receive times around the host's reading)."""
+
+    host: str
+    """As Ray names the node: its IP address."""
+    offset_ns: int
+    """What to add to this host's wall clock to read the driver's (the driver's host: 0)."""
+    uncertainty_ns: int
+    """Half the round trip of the probe it comes from: the offset is good to within this."""
+    measured_ns: int
+    """When that probe was made, on the driver's wall clock."""
+    measurements: int = 1
+    """Bursts of probes made (as other processes connect, at each profiled step, at close)."""
+    drift_ns: int = 0
+    """How far apart the offsets of those bursts lay: the largest minus the smallest."""
+
+
+class HostFile(_Model):
+    """One file of the run, with the host that holds it (wrote it)."""
+
+    path: str
+    """Relative to ``save_path``."""
+    host: str
+    bytes: int
+    sha256: str | None = None
+    """Set once collected: the driver's copy was checked against it."""
+
+
 class OtelRecord(_Model):
     """The run's OTLP receiver (``otel.receive``) and what it kept below ``otel/``."""
 
@@ -249,6 +278,11 @@ class Manifest(_Model):
     """The first half (16 hex digits) of the run's W3C trace ids; the second is the step."""
     otel: OtelRecord | None = None
     """The run's OTLP receiver, when ``otel.receive`` is on."""
+    hosts: list[HostClock] = Field(default_factory=list)
+    """Each host's clock against the driver's (a run over several Ray nodes)."""
+    files: list[HostFile] = Field(default_factory=list)
+    """Every file of the run on every host, as listed as it closed or was collected (a run
+    over several Ray nodes)."""
     config: dict[str, Any] = Field(default_factory=dict)
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -281,6 +315,11 @@ class RunFile(_Model):
     """The first half (16 hex digits) of the run's W3C trace ids; the second is the step."""
     otel: OtelRecord | None = None
     """The run's OTLP receiver, when ``otel.receive`` is on."""
+    hosts: list[HostClock] = Field(default_factory=list)
+    """Each host's clock against the driver's (a run over several Ray nodes)."""
+    files: list[HostFile] = Field(default_factory=list)
+    """Every file of the run on every host, as listed as it closed or was collected (a run
+    over several Ray nodes)."""
     config: dict[str, Any] = Field(default_factory=dict)
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)

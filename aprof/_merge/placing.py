@@ -52,6 +52,8 @@ class Input:
     replica: int | None = None
     """The replica a rollout server's file belongs to, when its target's name says
     (``replica_<r>``): its forward steps are linked to that replica's requests."""
+    offset_ns: int = 0
+    """What to add to its host's wall clock to read the driver's (the manifest's ``hosts``)."""
     number: int = 0
     """Its place among the step's inputs: its flow ids."""
     scope: int = 0
@@ -90,7 +92,7 @@ def place(
     placer: _Placer | None = None
     try:
         with open_trace_below(root, item.path, DICTS) as trace:
-            clock = trace.clock_ns
+            clock = trace.clock_ns + item.offset_ns  # on the driver's clock
             label = item.label
             if item.server:
                 label = f"{item.label} · {_server_part(item.path, trace.prelude)}"

@@ -104,6 +104,7 @@ def merge(
     out: str | os.PathLike[str] | None = None,
     otel: str | os.PathLike[str] | None = None,
     jobs: int | None = None,
+    clock_offsets: bool = True,
 ) -> list[MergedStep]:
     """Merge each profiled step of the run in ``save_path`` (or ``steps``) into
     ``<out>/step_<n>.trace.json.gz`` (``out`` defaults to ``save_path/merged``). The servers'
@@ -112,6 +113,9 @@ def merge(
     one export per line). ``jobs`` processes, this one and workers, read a step's captures
     at once (default: the cores available, for steps whose captures are large enough to pay
     for a worker's start; 1: no worker), the merged file the same whatever their number.
+    Each file written on another host of a Ray cluster is moved by that host's measured
+    clock offset (the manifest's ``hosts``); ``clock_offsets=False`` trusts the hosts' wall
+    clocks instead.
 
     What the merge writes is whole before it takes its name; what a merge killed on the way
     left is removed by the next one (``scratch.py``). Raises ``ManifestError`` when
@@ -149,7 +153,8 @@ def merge(
             if count > 0 and _worth_workers(root, manifest, chosen, size):
                 workers = parallel.Workers(count, scratch)
             return [
-                _merge_step(root, manifest, n, where, collected, scratch, workers) for n in chosen
+                _merge_step(root, manifest, n, where, collected, scratch, workers, clock_offsets)
+                for n in chosen
             ]
         finally:
             if workers is not None:
@@ -167,12 +172,13 @@ def _merge_step(
     collected: Collected,
     scratch: Scratch,
     workers: parallel.Workers | None,
+    clock_offsets: bool,
 ) -> MergedStep:
     output = _Output(base_ns=manifest.clock.wall_ns)
     output.notes += collected.notes
     output.links.see_otel(collected.by_step.get(step, []), output.base_ns)
     name = f"step_{step}.trace.json.gz"
-    inputs = _inputs(manifest, step)
+    inputs = _inputs(manifest, step, clock_offsets)
     chunks = gzip_stream(_document(root, manifest, step, inputs, output, workers))
     archive = f"step_{step}.perfetto.tar"
     with scratch.replacing(name) as out:
@@ -193,9 +199,9 @@ def _merge_step(
     )
 
 
-def _inputs(manifest: Manifest, step: int) -> list[Input]:
+def _inputs(manifest: Manifest, step: int, clock_offsets: bool = True) -> list[Input]:
     """What goes into ``step``'s trace: every timeline, then each window's files, each
-    numbered by its place."""
+    numbered by its place and moved by its host's clock offset."""
     found: list[Input] = []
     for entry in manifest.timeline:
         driver = entry.process.startswith("driver")
@@ -212,15 +218,22 @@ def _inputs(manifest: Manifest, step: int) -> list[Input]:
         if window.step == step:
             found += _window_inputs(window)
     found.sort(key=lambda item: item.sort)  # the driver first: the archive's reference
+    hosts = {f.path: f.host for f in manifest.files}
+    offsets = {h.host: h.offset_ns for h in manifest.hosts} if clock_offsets else {}
     scopes: dict[str, int] = {}
-    return [
-        replace(
-            item,
-            number=number,
-            scope=scopes.setdefault(item.timeline_process or item.path, len(scopes)),
+    placed = []
+    for number, item in enumerate(found):
+        host = item.host or hosts.get(item.path)
+        placed.append(
+            replace(
+                item,
+                number=number,
+                scope=scopes.setdefault(item.timeline_process or item.path, len(scopes)),
+                host=host,
+                offset_ns=offsets.get(host, 0) if host is not None else 0,
+            )
         )
-        for number, item in enumerate(found)
-    ]
+    return placed
 
 
 def _worth_workers(root: Path, manifest: Manifest, steps: list[int], size: int) -> bool:

@@ -59,9 +59,17 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from aprof._accounting import BASELINE, FACTOR, Ledger, StepAccount
-from aprof._manifest import Manifest, TimelineFile, WindowRecord, load_manifest, split_notes
+from aprof._manifest import (
+    HostClock,
+    Manifest,
+    TimelineFile,
+    WindowRecord,
+    load_manifest,
+    split_notes,
+)
 from aprof._report import traces
 from aprof._report.clock import MAX_NS, Earliest
+from aprof._report.hosts import host_problems
 from aprof._report.ledgers import Writes, read_writes, take_ledgers
 from aprof._report.model import (
     Distribution,
@@ -141,10 +149,11 @@ def collect(save_path: str | os.PathLike[str]) -> RunReport:
         steps=steps,
         latency_profiled=profiled,
         latency_unprofiled=unprofiled,
-        problems=(*problems, *unread),
+        problems=(*problems, *unread, *host_problems(manifest.hosts)),
         notes=tuple(notes),
         accounts=found,
         server=server,
+        hosts=tuple(manifest.hosts),
     )
 
 
@@ -189,6 +198,8 @@ class Accounting(NamedTuple):
     notes: tuple[str, ...]
     server: dict[int, Any] = {}  # noqa: RUF012 (a NamedTuple's default, never changed)
     """Per step with the servers' own spans, their side (:mod:`aprof._report.server`)."""
+    hosts: tuple[HostClock, ...] = ()
+    """Each host's clock against the driver's (a run over several Ray nodes)."""
 
 
 def accounting(save_path: str | os.PathLike[str]) -> Accounting:
@@ -217,9 +228,10 @@ def accounting(save_path: str | os.PathLike[str]) -> Accounting:
         run_id=manifest.run_id,
         save_path=root,
         accounts=found,
-        problems=(*problems, *unread),
+        problems=(*problems, *unread, *host_problems(manifest.hosts)),
         notes=tuple(notes),
         server=server,
+        hosts=tuple(manifest.hosts),
     )
 
 

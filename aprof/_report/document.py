@@ -27,6 +27,7 @@ def document(report: Accounting | RunReport) -> dict[str, Any]:
             {**account.as_json(), "server": report.server.get(account.step)}
             for account in report.accounts
         ],
+        "hosts": [h.model_dump() for h in report.hosts],
         "problems": list(report.problems),
         "notes": list(report.notes),
     }

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from aprof._accounting import StepAccount
+from aprof._manifest import HostClock
 
 SAMPLE = 2000
 """The most values a ``Distribution.sample`` holds."""
@@ -125,6 +126,8 @@ class RunReport:
     went (:mod:`aprof._accounting`)."""
     server: dict[int, Any] = field(default_factory=dict)
     """Per step with the servers' own spans, their side (:mod:`aprof._report.server`)."""
+    hosts: tuple[HostClock, ...] = ()
+    """Each host's clock against the driver's (a run over several Ray nodes)."""
 
 
 def distribution(values: Sequence[float], count: int | None = None) -> Distribution:

@@ -16,6 +16,7 @@ from typing import Any
 from aprof._accounting import StepAccount
 from aprof._accounting import summary as run_summary
 from aprof._otel import PHASES
+from aprof._report.hosts import host_lines
 from aprof._report.model import Distribution, RunReport, StepReport, WindowRow
 
 WIDTH = 100
@@ -36,6 +37,9 @@ def render(report: RunReport) -> str:
         lines += _numbers(step)
         lines += _server(report.server.get(step.step))
     lines += ["", *_run_wide(report)]
+    hosts = host_lines(report.hosts)
+    if hosts:
+        lines += ["", *hosts]
     if report.notes:
         lines += ["", "notes:"]
         lines += _wrapped((f"- {note}" for note in report.notes), _INDENT)

@@ -18,6 +18,7 @@ from typing import NoReturn, Protocol, cast
 
 SUBCOMMANDS: dict[str, str] = {
     "capture": "have a live run capture its next steps (or given ones) on demand",
+    "collect": "bring a run's files home from the other nodes of its Ray cluster",
     "demo": "run a small profiled async RL loop and show what was captured",
     "export": "send a run elsewhere: its spans to an OpenTelemetry (OTLP) endpoint",
     "launch-args": "print the env and args that launch a server ready for profiling",

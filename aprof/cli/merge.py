@@ -33,6 +33,11 @@ def arguments(parser: argparse.ArgumentParser) -> None:
         help="the servers' spans also from the files a collector's file exporter wrote here",
     )
     parser.add_argument(
+        "--no-clock-offsets",
+        action="store_true",
+        help="trust each host's wall clock: do not move its files by its measured offset",
+    )
+    parser.add_argument(
         "--jobs",
         type=int,
         metavar="N",
@@ -45,7 +50,14 @@ def run(args: argparse.Namespace) -> int:
     """Merge, print each merged file with its notes; 0, or 1 with one line on bad input."""
     try:
         steps = None if args.steps is None else StepSelection.parse(args.steps, key="--steps")
-        merged = merge(args.save_path, steps=steps, out=args.out, otel=args.otel, jobs=args.jobs)
+        merged = merge(
+            args.save_path,
+            steps=steps,
+            out=args.out,
+            otel=args.otel,
+            jobs=args.jobs,
+            clock_offsets=not args.no_clock_offsets,
+        )
     except (ManifestError, ValueError, OSError) as exc:
         print(f"aprof merge: {exc}".replace("\n", "\\n"), file=sys.stderr)
         return 1

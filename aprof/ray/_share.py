@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from aprof._core import BlockingProfiler, Profiler
@@ -12,6 +13,7 @@ from aprof._core.serving import Serving
 from aprof._core.sharing import RolloutView
 from aprof._errors import ConfigError, TargetError, UsageError, describe
 from aprof._logging import logger
+from aprof.ray._cluster import Cluster
 from aprof.ray._hub import MAX_CALLS, Call, Decision, Hub, Mail
 
 PULL_S = 10.0
@@ -105,6 +107,9 @@ class _DriverLink:
         """The profiler closes: views tell the processes to close, and the pull in flight
         is the last of the loop."""
         self._log = logger.bind(run_id=handle.run_id)
+        self.cluster = Cluster(serving, Path(handle.save_path), handle.run_id)
+        self._reported: set[str] = set()
+        """Processes heard from: a new one's node has its clock measured."""
 
     @classmethod
     def started(cls, serving: Serving, handle: ShareHandle) -> _DriverLink:
@@ -113,6 +118,7 @@ class _DriverLink:
         link = cls(serving, handle)
         serving.link = link
         link.changed()
+        link.cluster.measure_soon()
         link.pulling = asyncio.get_running_loop().create_task(link.pull(), name="aprof-hub-pull")
         return link
 
@@ -130,6 +136,8 @@ class _DriverLink:
             self._lost(exc)
 
     async def entered(self, step: int) -> None:
+        if self._view.live:  # a step with rollout windows: the clocks its traces are read on
+            self.cluster.measure_soon()
         if self._gone is not None:
             return
         try:
@@ -173,6 +181,9 @@ class _DriverLink:
                 continue  # taken from an earlier pull's answer: reports count once
             for step, replica in mail.asks:
                 self.serving.open_for(step, replica)
+            if not set(mail.reports) <= self._reported:
+                self._reported |= set(mail.reports)
+                self.cluster.measure_soon()
             for name, report in mail.reports.items():
                 try:
                     self.serving.take_report(name, report)
@@ -250,6 +261,9 @@ class _DriverLink:
                     "after its last report is not in the windows",
                     level="problem",
                 )
+
+    async def last_word(self) -> None:
+        await self.cluster.last_word()
 
     async def _close_processes(self) -> None:
         """Tell the processes that the run closes and wait, at most ``timeouts.connect_s``,

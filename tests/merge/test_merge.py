@@ -480,3 +480,48 @@ def test_arrows_beyond_the_bound_are_left_out_with_a_note(
         "arrows from requests to forward steps found, the first 5 drawn"
     )
     assert doc["aprof"]["notes"] == [note]
+
+
+def test_files_of_another_host_move_by_its_measured_clock_offset(
+    demo: Path, tmp_path: Path
+) -> None:
+    """The run as if replica 0's server had written its traces on a host whose wall clock
+    reads 2.5 s behind the driver's: merged, its events move by the offset the manifest
+    measured; the rest, and a merge that trusts the wall clocks, do not."""
+    run = tmp_path / "run"
+    shutil.copytree(demo, run, ignore=shutil.ignore_patterns("merged"))
+    manifest = aprof.load_manifest(run)
+    moved = {f.path for w in manifest.windows if w.target == "replica_0" for f in w.files}
+    assert moved
+    run_file = json.loads((run / "manifest.json").read_text())
+    offset_ns = 2_500_000_000
+    run_file["hosts"] = [
+        {"host": "head", "offset_ns": 0, "uncertainty_ns": 0, "measured_ns": 1},
+        {"host": "node-b", "offset_ns": offset_ns, "uncertainty_ns": 40_000, "measured_ns": 1},
+    ]
+    run_file["files"] = [{"path": p, "host": "node-b", "bytes": 1} for p in sorted(moved)]
+    (run / "manifest.json").write_text(json.dumps(run_file))
+
+    def slices(out: Path) -> tuple[dict[str, list[float]], dict[str, int]]:
+        (step,) = merge(run, steps=[1], out=out, jobs=1, clock_offsets=out.name == "fixed")
+        events, doc = events_of(step.path)
+        names = processes(events)
+        by_process: dict[str, list[float]] = {}
+        for e in events:
+            if e.get("ph") == "X":
+                wall_us = doc["baseTimeNanoseconds"] / 1000 + e["ts"]
+                by_process.setdefault(names[e["pid"]], []).append(wall_us)
+        with tarfile.open(step.archive) as tar:
+            body = json.load(tar.extractfile("perfetto_manifest.json"))["perfetto_manifest"]
+        offsets = {f["path"]: f.get("clocks", {}).get("offset_ns", 0) for f in body["files"]}
+        return by_process, offsets
+
+    fixed, fixed_offsets = slices(tmp_path / "fixed")
+    trusted, trusted_offsets = slices(tmp_path / "trusted")
+    assert set(fixed) == set(trusted)
+    for process, walls in fixed.items():
+        shift = offset_ns / 1000 if process.startswith("replica_0") else 0
+        assert walls == pytest.approx([w + shift for w in trusted[process]], abs=1), process
+    assert any(p.startswith("replica_0") for p in fixed)
+    for path, offset in fixed_offsets.items():
+        assert offset - trusted_offsets[path] == (offset_ns if path in moved else 0), path
