@@ -98,6 +98,11 @@ class CaptureResult:
     """Why the capture failed, when the target could still say what it left behind: the
     window is recorded ``failed`` with this reason, and ``files`` are listed all the same
     (the stop of a server that died, a server that restarted during the window)."""
+    host: str | None = None
+    """The host holding ``files`` when it is not the driver's (a target placed on another
+    node, :func:`aprof.ray.placed`): their sizes are ``sizes``, as that host read them."""
+    sizes: tuple[int | None, ...] = ()
+    """With ``host``: each file's size there (``None``: missing there too)."""
 
 
 @dataclass(frozen=True, slots=True)

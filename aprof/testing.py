@@ -133,8 +133,9 @@ class RecordingTarget:
         """Stop a capture and write its trace file."""
         await self._record("stop", window)
         await self._misbehave(1, window)
-        auto = self._auto_stopped is window
-        if not auto and self.active is not window:
+        # By value: a window that crossed processes (a placed target) is a copy.
+        auto = self._auto_stopped == window
+        if not auto and self.active != window:
             raise TargetFault(f"{self.name}: no capture of {window.prefix} is active")
         self.active = None
         trace = window.dir / f"{window.prefix}.trace.json"

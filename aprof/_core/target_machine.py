@@ -277,7 +277,10 @@ class TargetMachine:
             run.stopped_itself()
         observed, counted_from = self._observed(run, result)
         paths = [self._layout.absolute(Path(p)) for p in result.files]
-        sizes = await self._on_disk(lambda: [size_of(p) for p in paths]) if paths else []
+        if result.host is not None and len(result.sizes) == len(paths):
+            sizes = list(result.sizes)  # on the host that holds them
+        else:
+            sizes = await self._on_disk(lambda: [size_of(p) for p in paths]) if paths else []
         names = [self._layout.relative(p) for p in paths]
         missing = [n for n, size in zip(names, sizes, strict=True) if size is None]
         if missing:
