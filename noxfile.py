@@ -85,6 +85,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_doors.py")
     session.run("python", "benchmarks/bench_control_folder.py")
     session.run("python", "benchmarks/bench_span_bombs.py")
+    session.run("python", "benchmarks/bench_collect.py")  # root and libfaketime, else skipped
 
 
 @nox.session(python="3.11", default=False)

@@ -87,6 +87,9 @@ def gather(
             if fetch:
                 entry = _bring(root, nodes, node, entry, before.get(path), deadline, done)
             remote.setdefault(path, entry)
+    alive = {node.host for node in nodes.nodes.values()} | {nodes.driver}
+    for host in sorted({f.host for f in before.values()} - alive):
+        nodes.gone.setdefault(host, "its Ray node is gone")
     here = list_below(root)
     _say_listing(nodes.driver, here, done)
     for path, size in here.files.items():

@@ -86,7 +86,7 @@ class Nodes:
             there = NodeAffinitySchedulingStrategy(node_id, soft=False)
             agent = (
                 self._ray.remote(NodeAgent)
-                .options(num_cpus=0, scheduling_strategy=there, max_concurrency=4)
+                .options(num_cpus=0, scheduling_strategy=there)
                 .remote(self._save_path, self._run_id)
             )
             self.nodes[node_id] = Node(node_id, host, agent)
