@@ -287,7 +287,13 @@ class TargetMachine:
             self._note(
                 run.window.step,
                 run.window.target,
-                f"listed files missing: {', '.join(missing)}",
+                f"listed files missing: {', '.join(missing)}"
+                + (
+                    f" (on host {result.host})"
+                    if result.host is not None
+                    else " (a server on another node without shared storage keeps its traces "
+                    "there: place its target on that node, aprof.ray.placed)"
+                ),
                 level="problem",
             )
         run.record_result(
