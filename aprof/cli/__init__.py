@@ -3,6 +3,9 @@
 A subcommand is a line of ``SUBCOMMANDS`` (its name and one-line help) and a module
 ``aprof.cli.<name>`` (dashes as underscores) whose docstring is its ``--help`` description and
 which defines ``arguments(parser)`` (its options) and ``run(args) -> int`` (its exit code).
+The docstring ends with an ``examples:`` block of command lines that parse (a test parses them).
+A line of ``SUBCOMMANDS`` whose name has a space, ``export hta``, is a kind of a subcommand: its
+module adds it with the line as help, and ``aprof --help`` lists it below the subcommands.
 Only the chosen subcommand's module is imported: ``aprof validate`` loads neither the servers
 nor the agent loops, and ``aprof --help`` loads no subcommand at all. Modules of ``aprof.cli``
 whose names start with ``_`` are helpers, not subcommands.
@@ -17,19 +20,21 @@ from collections.abc import Sequence
 from typing import NoReturn, Protocol, cast
 
 SUBCOMMANDS: dict[str, str] = {
-    "capture": "have a live run capture its next steps (or given ones) on demand",
-    "collect": "bring a run's files home from the other nodes of its Ray cluster",
-    "demo": "run a small profiled async RL loop and show what was captured",
-    "export": "send a run elsewhere: its spans to an OpenTelemetry (OTLP) endpoint",
-    "launch-args": "print the env and args that launch a server ready for profiling",
-    "merge": "merge each profiled step's timelines and traces into one trace on one clock",
-    "npu-analyse": "parse raw *_ascend_pt captures (analysis: false) into readable results",
-    "report": "what a run captured, step by step, problems first (and report.html)",
-    "serve-reference": "run the embedded reference inference server (vLLM or SGLang dialect)",
-    "status": "a run seen from outside: alive or ended, its step, windows, plans and triggers",
-    "validate": "check a config file and print the resolved config",
+    "capture": "have a live run capture steps now, on demand",
+    "collect": "bring a run's files home from its Ray cluster's nodes",
+    "demo": "run a small profiled async RL loop, show what it captured",
+    "export": "a run's data for other tools (KIND: otlp, hta)",
+    "export otlp": "a run's spans to an OpenTelemetry (OTLP/HTTP) endpoint",
+    "export hta": "a step's rank traces as Holistic Trace Analysis reads them",
+    "launch-args": "the env and args that launch a server ready for profiling",
+    "merge": "each profiled step's traces as one trace on one clock",
+    "npu-analyse": "parse raw Ascend captures (analysis: false) offline",
+    "report": "what a run captured, step by step, problems first",
+    "serve-reference": "run the embedded reference inference server",
+    "status": "a run seen from outside: alive or ended, step, windows",
+    "validate": "check a config file and print it fully resolved",
 }
-"""Every subcommand's name and the help ``aprof --help`` shows for it."""
+"""Every subcommand (and kind of one) and the line ``aprof --help`` shows for it."""
 
 
 class Subcommand(Protocol):
@@ -60,14 +65,21 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     Only ``command``'s module is imported; the other subcommands' parsers stay empty, which is
     all ``aprof --help`` needs.
     """
+    kinds = {name: summary for name, summary in SUBCOMMANDS.items() if " " in name}
     parser = _Parser(
         prog="aprof",
         description="Asyncio-native profiling runtime for LLM agent loops and async RL training.",
+        epilog="kinds:\n"
+        + "".join(f"  {name:<17}{summary}\n" for name, summary in kinds.items())
+        + "\n'aprof COMMAND --help' shows a command's options and examples.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=_Parser
     )
     for name, summary in SUBCOMMANDS.items():
+        if name in kinds:
+            continue
         if name != command:
             sub.add_parser(name, help=summary)
             continue

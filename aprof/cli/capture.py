@@ -6,6 +6,10 @@ step boundary, and prints the run's answer: the global steps, targets and bounds
 an unknown replica or role, a malformed request, or no answer in time (a request not read by
 then is withdrawn). With --wait it then waits for those windows to end and prints each one
 (exit 1 if one did not end done).
+
+examples:
+  aprof capture outputs/profile --next 2
+  aprof capture outputs/profile --steps 120,130-132 --roles actor --wait
 """
 
 from __future__ import annotations

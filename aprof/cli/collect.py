@@ -10,7 +10,8 @@ gone, or a file that could not be brought, is named in a note (and printed).
 Exits 0 when every file came, 1 with the notes when some did not, 2 when SAVE_PATH holds no
 run or Ray cannot be reached.
 
-  aprof collect outputs/run --address 10.0.0.1:6379
+example:
+  aprof collect outputs/profile --address 10.0.0.1:6379
 """
 
 from __future__ import annotations

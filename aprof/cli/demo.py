@@ -10,6 +10,11 @@ update. Every step's policy update is the trainer stage ``update_policy`` on the
 timeline (``prof.stage``), which the report counts as the step's training time; in
 ``--mode fully-async`` the rollouts go on during it. Everything goes under ``--out``; the
 servers' and the trainer's own output goes to log files under ``--out``/logs.
+
+examples:
+  aprof demo
+  aprof demo --mode fully-async --out aprof-demo-async
+  aprof demo --server vllm http://127.0.0.1:8000 http://127.0.0.1:8001
 """
 
 from __future__ import annotations

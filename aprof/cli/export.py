@@ -15,6 +15,10 @@ SAVE_PATH/hta/step_<n>/<role>).
 Exits 1 with one line when SAVE_PATH holds no run, the endpoint is not an http(s) URL or
 does not take the spans within --timeout (each batch: connect, send, answer), or the step,
 role or stage has no trace to export. No line shows the endpoint's user or password.
+
+examples:
+  aprof export otlp outputs/profile --endpoint http://127.0.0.1:4318 --steps 1-2
+  aprof export hta outputs/profile --step 2 --role actor
 """
 
 from __future__ import annotations
@@ -26,12 +30,15 @@ from pathlib import Path
 from aprof import ManifestError, StepSelection
 from aprof._merge import export_hta
 from aprof._otel import export_run
+from aprof.cli import SUBCOMMANDS
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``aprof export``."""
     kinds = parser.add_subparsers(dest="kind", required=True, metavar="KIND")
-    otlp = kinds.add_parser("otlp", help="the run's spans to an OTLP/HTTP endpoint")
+    otlp = _kind(
+        kinds, "otlp", "aprof export otlp outputs/profile --endpoint http://127.0.0.1:4318"
+    )
     otlp.add_argument("save_path", metavar="SAVE_PATH", help="a profiled run's save_path")
     otlp.add_argument("--endpoint", required=True, metavar="URL", help="the OTLP/HTTP endpoint")
     otlp.add_argument("--steps", help="steps to send, e.g. 1,3 or 2-4 (default all)")
@@ -42,12 +49,25 @@ def arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="the most one batch may take: connect, send, answer, retries (default 10 s)",
     )
-    hta = kinds.add_parser("hta", help="a step's rank traces as Holistic Trace Analysis reads them")
+    hta = _kind(kinds, "hta", "aprof export hta outputs/profile --step 2 --role actor")
     hta.add_argument("save_path", metavar="SAVE_PATH", help="a profiled run's save_path")
     hta.add_argument("--step", type=int, required=True, metavar="N", help="the step")
     hta.add_argument("--role", required=True, help="the role whose ranks' traces go")
     hta.add_argument("--stage", help="the stage, where the role captured stage by stage")
     hta.add_argument("--out", type=Path, metavar="DIR", help="the folder (default below SAVE_PATH)")
+
+
+def _kind(
+    kinds: argparse._SubParsersAction[argparse.ArgumentParser], name: str, example: str
+) -> argparse.ArgumentParser:
+    """The parser of ``aprof export <name>``: its line of SUBCOMMANDS, and ``example``."""
+    summary = SUBCOMMANDS[f"export {name}"]
+    return kinds.add_parser(
+        name,
+        help=summary,
+        description=f"{summary}.\n\nexample:\n  {example}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
 
 
 def run(args: argparse.Namespace) -> int:

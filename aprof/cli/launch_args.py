@@ -11,6 +11,12 @@ quoted for the shell: Ray's worker setup hook (aprof.verl.hook.install), aprof's
 verl's `aprof` block (save_path made absolute against the current folder), verl's own
 profiler off. The plan's warnings go to stderr (`warning: ` lines). verl launches its rollout
 servers itself: the server options are not used then.
+
+examples:
+  aprof launch-args --engine vllm --version 0.13.0 profile.yaml
+  python -m verl.trainer.main_ppo --cfg job ARGS... > job.yaml
+  eval "extra=($(aprof launch-args --verl job.yaml))"
+  python -m verl.trainer.main_ppo ARGS... "${extra[@]}"
 """
 
 from __future__ import annotations
@@ -43,13 +49,6 @@ _SERVER_OPTIONS = (
 
 def arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``aprof launch-args``."""
-    parser.epilog = (
-        "examples:\n"
-        "  aprof launch-args --engine vllm --version 0.13.0 profile.yaml\n"
-        "  python -m verl.trainer.main_ppo --cfg job ARGS... > job.yaml\n"
-        '  eval "extra=($(aprof launch-args --verl job.yaml))"\n'
-        '  python -m verl.trainer.main_ppo ARGS... "${extra[@]}"'
-    )
     parser.add_argument(
         "config", metavar="CONFIG", nargs="?", help="aprof config file (--verl: verl's config)"
     )

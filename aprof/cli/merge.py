@@ -10,6 +10,10 @@ is read event by event, whatever its size; --jobs processes (this one and worker
 step's captures at once. An input that cannot be merged (missing, not JSON, on no known
 clock) is named in a note and left out; one cut short is merged up to the cut, with a note.
 Exits 1 with one line when SAVE_PATH holds no run or a step was not profiled.
+
+examples:
+  aprof merge outputs/profile
+  aprof merge outputs/profile --steps 2-4 --out merged
 """
 
 from __future__ import annotations

@@ -2,6 +2,9 @@
 
 Run torch_npu's offline analysis over DIR: a window folder, a step folder or a whole save_path
 holding *_ascend_pt capture folders. Needs torch_npu.
+
+example:
+  aprof npu-analyse outputs/profile --workers 4
 """
 
 from __future__ import annotations

@@ -9,6 +9,10 @@ of profiled against unprofiled steps. Also writes SAVE_PATH/report.html (not wit
 and prints its path. With --json, prints only one JSON object, every step's accounting
 (``aprof._report.document``), and writes nothing. Exits 1 with one line when SAVE_PATH holds
 no run or report.html cannot be written.
+
+examples:
+  aprof report outputs/profile
+  aprof report outputs/profile --json
 """
 
 from __future__ import annotations

@@ -2,6 +2,10 @@
 
 Serve a tiny real model with continuous batching and the profiling routes of vLLM (per version)
 or SGLang, until SIGINT or SIGTERM.
+
+examples:
+  aprof serve-reference --port 8000 --profiler-dir traces
+  aprof serve-reference --dialect sglang --port 30000
 """
 
 from __future__ import annotations

@@ -20,6 +20,10 @@ manifest and every timeline file it lists, seconds on a long run: --watch reads 
 most every ``ACCOUNTING_EVERY_S`` seconds and shows the last result between. It never breaks
 status: a run without a manifest has no such section, and any failure of it is one line there
 (``accounting unavailable: ...``).
+
+examples:
+  aprof status outputs/profile --watch
+  aprof status outputs/profile --json
 """
 
 from __future__ import annotations

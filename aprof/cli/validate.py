@@ -11,6 +11,10 @@ verl's profiler settings is printed, its warnings on stderr (`warning: ` lines) 
 overrides that turn aprof on as comment lines, each quoted for the shell.
 
 Exits 1 with one line naming the key and the reason on bad input.
+
+examples:
+  aprof validate profile.yaml
+  aprof validate --verl job.yaml
 """
 
 from __future__ import annotations
@@ -26,7 +30,6 @@ from aprof.verl import VerlPlan, aprof_config, load
 
 def arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``aprof validate``."""
-    parser.epilog = "examples:\n  aprof validate profile.yaml\n  aprof validate --verl job.yaml"
     parser.add_argument("config", metavar="CONFIG", help="config file (.yaml, .yml or .json)")
     parser.add_argument(
         "--verl",
