@@ -73,7 +73,7 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
-    """Benchmarks; their tables go into the README with this command."""
+    """Benchmarks; their tables go into docs/benchmarks.md with this command."""
     session.install("-e", ".[bench,otel]")  # bench_doors runs the OTLP receiver
     session.run("python", "benchmarks/bench_request.py", *session.posargs)
     session.run("python", "benchmarks/bench_agentloop.py")

@@ -30,7 +30,8 @@ answers written. Empty steps are the worst case for the triggers: a step of some
 often twice its median (a garbage collection, the other threads), so both fire as often as
 their cooldown lets them; the log is set to ``error`` to keep their warnings off the console.
 
-Run with ``nox -s bench`` (or ``python benchmarks/bench_control.py``); the README has the table.
+Run with ``nox -s bench`` (or ``python benchmarks/bench_control.py``); docs/benchmarks.md has
+the table.
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ the run process's CPU (all its threads, share of one core), the most descriptors
 whether its manifest was written (it loads, every window final), and the lines its log got
 about failed accepts (asyncio's and aprof's).
 
-Run with ``nox -s bench`` (or ``python benchmarks/bench_doors.py``); the README has the table.
+Run with ``nox -s bench`` (or ``python benchmarks/bench_doors.py``); docs/benchmarks.md has
+the table.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ worst probe stall, the longest manifest pass, the longest garbage collection of 
 (``gc.callbacks``), the size of the step's and the run's manifest files, and the process's
 peak memory.
 
-Run with ``nox -s bench`` (or ``python benchmarks/bench_long_run.py``); the README has the table.
+Run with ``nox -s bench`` (or ``python benchmarks/bench_long_run.py``); docs/benchmarks.md has
+the table.
 """
 
 from __future__ import annotations
