@@ -15,7 +15,7 @@ from aprof._core.colocation import Colocation
 from aprof._core.plan import Claim
 from aprof._core.target_machine import TargetMachine
 from aprof._core.targets import Targets, rollout_replica
-from aprof._core.window import WindowRun
+from aprof._core.window_machine import WindowRun
 from aprof._core.windows import Windows
 from aprof._manifest import StopReason
 from aprof._timeline.events import now_ns

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from aprof._config import ColocatedConfig, ProfilerConfig
 from aprof._core.target_machine import TargetMachine
 from aprof._core.targets import Targets, role_of, tool_of
-from aprof._core.window import Phase, WindowRun
+from aprof._core.window_machine import Phase, WindowRun
 from aprof._core.windows import Windows, wait
 from aprof._manifest import StopReason
 

@@ -2,11 +2,11 @@
 
 - ``targets.py``: the capture targets and what the config selects of them;
 - ``windows.py``: opening and closing windows, and telling everyone of their moves;
-- ``window.py``: one window's life (its phases and the moves between them);
+- ``window_machine.py``: one window's life (its phases and the moves between them);
 - ``target_machine.py``: one target driven through its windows: start, poll, stop;
 - ``steps.py``: entering and leaving global steps;
 - ``plan.py``: which steps are captured, on which targets, and why;
-- ``control.py``: capture requests and triggers deciding that at run time, and the status;
+- ``on_demand.py``: capture requests and triggers deciding that at run time, and the status;
 - ``admission.py``: requests entering the open step, gated while their window starts;
 - ``colocation.py``: captures on shared accelerators never running at once;
 - ``disk_guard.py``: no capture starts while the manifest cannot be written;
@@ -34,8 +34,8 @@ from aprof._control import CaptureAnswer, CaptureRequest
 from aprof._core.accounting import LiveAccounting
 from aprof._core.admission import Admission
 from aprof._core.colocation import Colocation
-from aprof._core.control import Control
 from aprof._core.disk_guard import DiskGuard
+from aprof._core.on_demand import Control
 from aprof._core.plan import Plan
 from aprof._core.process_timeline import ProcessTimeline, Recording
 from aprof._core.serving import Serving
@@ -43,7 +43,7 @@ from aprof._core.sharing import Report
 from aprof._core.steps import Steps
 from aprof._core.target_machine import TargetMachine
 from aprof._core.targets import Targets, rollout_replica
-from aprof._core.window import Phase, WindowRun
+from aprof._core.window_machine import Phase, WindowRun
 from aprof._core.windows import Windows, wait
 from aprof._errors import ConfigError, UsageError, describe
 from aprof._layout import OutputLayout

@@ -18,7 +18,7 @@ from aprof._core.accounting import LiveAccounting
 from aprof._core.admission import Admission
 from aprof._core.sharing import Link, RemotePhase, Report, RolloutView
 from aprof._core.targets import Targets
-from aprof._core.window import Phase, add_counts, shared_phase
+from aprof._core.window_machine import Phase, add_counts, shared_phase
 from aprof._core.windows import Windows
 from aprof._manifest import HostClock, HostFile, ManifestFiles, NoteLevel, TimelineFile
 from aprof.abc import CaptureTarget

@@ -17,13 +17,13 @@ from functools import partial
 from aprof._config import ProfilerConfig
 from aprof._core.admission import Admission
 from aprof._core.colocation import Colocation, Hold
-from aprof._core.control import Control
 from aprof._core.disk_guard import DiskGuard
+from aprof._core.on_demand import Control
 from aprof._core.plan import Plan, Scope
 from aprof._core.process_timeline import ProcessTimeline
 from aprof._core.serving import Serving
 from aprof._core.targets import Targets
-from aprof._core.window import Phase, WindowRun
+from aprof._core.window_machine import Phase, WindowRun
 from aprof._core.windows import Windows, wait
 from aprof._errors import StepError, UsageError
 from aprof._manifest import StopReason

@@ -3,7 +3,7 @@
 Each window is started at most once and stopped at most once, however many coroutines race to
 trigger it; a stop is only sent for a window whose start succeeded, and the next window of the
 same target waits for the previous stop to finish. The window's own moves and what they
-record are :class:`~aprof._core.window.WindowRun`'s (``window.py``).
+record are :class:`~aprof._core.window_machine.WindowRun`'s (``window.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 
 from aprof._capture import CaptureResult, CountSource, WorkerTimeline
 from aprof._config import LimitsConfig, TimeoutsConfig
-from aprof._core.window import Captured, Phase, WindowRun
+from aprof._core.window_machine import Captured, Phase, WindowRun
 from aprof._errors import describe
 from aprof._layout import OutputLayout, size_of
 from aprof._manifest import FileEntry, NoteLevel, RankCapture, StopReason

@@ -14,7 +14,7 @@ from aprof._core.plan import Claim
 from aprof._core.process_timeline import ProcessTimeline
 from aprof._core.target_machine import Gate, TargetMachine
 from aprof._core.targets import Targets, role_of, tool_of
-from aprof._core.window import Phase, WindowRun
+from aprof._core.window_machine import Phase, WindowRun
 from aprof._errors import CaptureError
 from aprof._layout import OutputLayout, safe_name
 from aprof._manifest import (

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import aprof
-from aprof._core.window import MOVES, Phase, WindowRun, manifest_state, shared_phase
+from aprof._core.window_machine import MOVES, Phase, WindowRun, manifest_state, shared_phase
 from aprof._manifest import ForwardSteps, WindowRecord
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,7 +145,7 @@ def test_a_failure_reaches_a_strict_caller_once() -> None:
 def test_no_module_but_the_windows_writes_a_windows_phase_or_state() -> None:
     writes = []
     for path in sorted((ROOT / "aprof").rglob("*.py")):
-        if path == ROOT / "aprof" / "_core" / "window.py":
+        if path == ROOT / "aprof" / "_core" / "window_machine.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             targets = (

@@ -33,7 +33,7 @@ from aprof._control.folder import FolderRead
 from aprof._control.status import MAX_LISTED, RECENT_WINDOWS
 from aprof._core.plan import Plan
 from aprof._core.triggers import SlowTrigger
-from aprof._core.window import Phase, WindowRun
+from aprof._core.window_machine import Phase, WindowRun
 from aprof._errors import describe
 from aprof._layout import OutputLayout
 from aprof._manifest import ManifestFiles
