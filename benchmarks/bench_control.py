@@ -51,7 +51,7 @@ from typing import Any
 
 import aprof
 from aprof._control import CaptureRequest, ControlFolder
-from aprof._core.control import Control
+from aprof._core.on_demand import Control
 
 REQUEST_EVERY = 100
 """Variant 4 writes a capture request into the control folder every this many steps."""
