@@ -69,6 +69,7 @@ class Colocation:
         self._config = config
         self._targets = targets
         self._windows = windows
+        windows.listen(self._window_moved)
         self._steps: dict[int, _Rollout] = {}
         """The rollout of each step a held role window waits on (the open step's)."""
         self._holding: dict[str, tuple[Hold, WindowRun]] = {}
@@ -94,8 +95,10 @@ class Colocation:
                 return f"the capture of {name} (colocated) runs on replica {replica}'s devices"
         return None
 
-    def moved(self, run: WindowRun) -> None:
-        """A window ended: a step's rollout on a replica may be over."""
+    def _window_moved(self, run: WindowRun, phase: Phase) -> None:
+        """A rollout window that ended: its step's rollout on its replica may be over."""
+        if run.window.kind != "rollout" or not phase.final:
+            return
         replica = run.window.replica
         rollout = self._steps.get(run.window.step)
         if replica is not None and rollout is not None:

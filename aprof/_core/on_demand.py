@@ -34,6 +34,7 @@ from aprof._control.status import MAX_LISTED, RECENT_WINDOWS
 from aprof._core.plan import Plan
 from aprof._core.triggers import SlowTrigger
 from aprof._core.window_machine import Phase, WindowRun
+from aprof._core.windows import Windows
 from aprof._errors import describe
 from aprof._layout import OutputLayout
 from aprof._manifest import ManifestFiles
@@ -63,9 +64,8 @@ class Control:
         layout: OutputLayout,
         run_id: str,
         disk: Executor,
-        live: Callable[[], list[WindowRun]],
+        windows: Windows,
         disk_error: Callable[[], str | None],
-        note: Callable[[int | None, str | None, str], None],
         log: structlog.typing.FilteringBoundLogger,
     ) -> None:
         self._config = config
@@ -74,9 +74,10 @@ class Control:
         self._folder = ControlFolder(layout.root)
         self._run_id = run_id
         self._disk = disk
-        self._live = live
+        self._windows = windows
+        windows.listen(self._window_moved)
         self._disk_error = disk_error
-        self._note = note
+        self._note = windows.note
         self._log = log
         self._host = socket.gethostname()
         triggers = config.triggers
@@ -293,8 +294,11 @@ class Control:
 
     # -- status ----------------------------------------------------------------------------
 
-    def window_ended(self, run: WindowRun) -> None:
-        """A window has ended: list it among the recent ones."""
+    def _window_moved(self, run: WindowRun, phase: Phase) -> None:
+        """A window moved: the status shows it; one that ended is listed among the recent."""
+        if not phase.final:
+            self.changed()
+            return
         self._recent.append(_window_status(run))
         if run.phase in (Phase.FAILED, Phase.TIMEOUT):  # on the log already
             self._problems.append(
@@ -330,7 +334,7 @@ class Control:
             step_began_ns=self._began_ns if self._step is not None else None,
             last_step=self._last_step,
             longest_step_s=self._longest_s,
-            windows=[_window_status(run) for run in self._live()[:MAX_LISTED]],
+            windows=[_window_status(run) for run in list(self._windows.live.values())[:MAX_LISTED]],
             recent=list(self._recent),
             planned=self._plan.planned()[:MAX_LISTED],
             config_steps=str(self._config.global_profiler.steps),

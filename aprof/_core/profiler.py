@@ -43,7 +43,6 @@ from aprof._core.sharing import Report
 from aprof._core.steps import Steps
 from aprof._core.target_machine import TargetMachine
 from aprof._core.targets import Targets, rollout_replica
-from aprof._core.window_machine import Phase, WindowRun
 from aprof._core.windows import Windows, wait
 from aprof._errors import ConfigError, UsageError, describe
 from aprof._layout import OutputLayout
@@ -113,7 +112,6 @@ class Profiler(Recording):
             files=files,
             timeline=self._timeline,
             refused=self._guard.refused,
-            on_move=self._window_moved,
             log=log,
         )
         self._plan = Plan(cfg, self._targets)
@@ -124,9 +122,8 @@ class Profiler(Recording):
             layout=layout,
             run_id=self.run_id,
             disk=self._disk,
-            live=lambda: list(self._windows.live.values()),
+            windows=self._windows,
             disk_error=lambda: self._guard.error,
-            note=self._windows.note,
             log=log,
         )
         self._colocation = Colocation(cfg, self._targets, self._windows)
@@ -386,16 +383,6 @@ class Profiler(Recording):
 
     def _write_counts(self, step: int) -> None:
         self._windows.write_counts(step)
-
-    def _window_moved(self, run: WindowRun, phase: Phase) -> None:
-        if run.window.kind == "rollout":
-            self._serving.changed()
-            if phase.final:
-                self._colocation.moved(run)
-        if phase.final:
-            self._control.window_ended(run)
-        else:
-            self._control.changed()
 
     def _timeline_written(self) -> None:
         self._files.list_timeline(self._timeline.files())

@@ -18,7 +18,7 @@ from aprof._core.accounting import LiveAccounting
 from aprof._core.admission import Admission
 from aprof._core.sharing import Link, RemotePhase, Report, RolloutView
 from aprof._core.targets import Targets
-from aprof._core.window_machine import Phase, add_counts, shared_phase
+from aprof._core.window_machine import Phase, WindowRun, add_counts, shared_phase
 from aprof._core.windows import Windows
 from aprof._manifest import HostClock, HostFile, ManifestFiles, NoteLevel, TimelineFile
 from aprof.abc import CaptureTarget
@@ -51,11 +51,16 @@ class Serving:
         self._accounting = accounting
         self.link: Link | None = None
         """The transport to the other processes, once the profiler is shared."""
+        windows.listen(self._window_moved)
 
     @property
     def current_step(self) -> int | None:
         """The global step now open, if any."""
         return self._admission.gate.step
+
+    def _window_moved(self, run: WindowRun, phase: Phase) -> None:
+        if run.window.kind == "rollout":  # the other processes see the rollout's phases
+            self.changed()
 
     def changed(self) -> None:
         """The view changed: tell the other processes (no wait)."""

@@ -42,7 +42,6 @@ class Windows:
         files: ManifestFiles,
         timeline: ProcessTimeline,
         refused: Callable[[], str | None],
-        on_move: Callable[[WindowRun, Phase], None],
         log: structlog.typing.FilteringBoundLogger,
     ) -> None:
         self._config = config
@@ -58,8 +57,12 @@ class Windows:
         """The stops under way."""
         self._refused = refused
         """Why no window may start now (the disk guard's answer), ``None`` when they may."""
-        self._on_move = on_move
-        """Told of every move, after the log and the manifest (the shared view, the status)."""
+        self._listeners: list[Callable[[WindowRun, Phase], None]] = []
+        """Told of every move, after the log and the manifest, in the order they listened."""
+
+    def listen(self, listener: Callable[[WindowRun, Phase], None]) -> None:
+        """Have ``listener(run, phase)`` told of every window's move from now on."""
+        self._listeners.append(listener)
 
     def open(
         self, machine: TargetMachine, step: int, claim: Claim, gate: Gate | None = None
@@ -171,7 +174,8 @@ class Windows:
         if phase is Phase.DONE:
             self._flag_if_large(run)
         self._files.changed(window.step)
-        self._on_move(run, phase)
+        for listener in self._listeners:
+            listener(run, phase)
 
     def note(
         self, step: int | None, target: str | None, text: str, *, level: NoteLevel = "info"
