@@ -63,12 +63,13 @@ def make_config(tmp_path: Path) -> Callable[..., aprof.ProfilerConfig]:
 
 @pytest.fixture(scope="session")
 def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An ``aprof demo`` run, steps 1 and 2 of 3 profiled (two replicas, a trainer), merged and
-    reported as the demo does. Shared: read it, or copy it to damage it."""
+    """An ``aprof demo`` run, steps 1 and 2 of 3 profiled (three replicas, the first two
+    captured and the last not, a trainer), merged and reported as the demo does. Shared: read
+    it, or copy it to damage it."""
     pytest.importorskip("torch")  # the demo's servers and trainer run torch
     out = tmp_path_factory.mktemp("demo")
     command = [sys.executable, "-m", "aprof", "demo", "--out", str(out)]
-    command += ["--steps", "1,2", "--num-steps", "3"]
+    command += ["--steps", "1,2", "--num-steps", "3", "--replicas", "3"]
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

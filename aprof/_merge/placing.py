@@ -1,7 +1,8 @@
 """One input of a merged step placed on the merged clock, read event by event
 (``aprof._traces.stream``) and given out as JSON text batch by batch: its events moved by its
 clock's offset, with pids, flow ids and async ids of its own, of a timeline only the step's
-events, and its processes named.
+events, and its processes named (Kineto's one-event tracks folded into the trace's host
+process).
 
 The numbers an input gets depend on its place among the step's inputs alone, never on what
 the inputs before it held: pids from ``scope * PIDS_PER_SCOPE``, flow ids from
@@ -31,6 +32,9 @@ FLOWS_PER_INPUT: Final = 1 << 32
 """Flow ids an input may name (JSON numbers stay exact: below 2**53 for 2**21 inputs)."""
 _FLOW_PHASES = ("s", "t", "f")  # a tuple: a phase may be any JSON value, a list too
 _DROPPED_METADATA = {"process_name", "process_labels", "process_sort_index"}
+_KINETO_TRACKS = frozenset({"Spans", "Traces", ""})
+"""The pids Kineto gives its own tracks (its profiler's span, the iteration's start, the record
+window's end): one event each, folded into the trace's host process."""
 _ENCODE = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=True).encode
 
 
@@ -184,6 +188,10 @@ class _Placer:
     """Events of processes past ``PIDS_PER_SCOPE``."""
     _names: dict[object, str] = field(default_factory=dict)
     _new: list[tuple[object, int]] = field(default_factory=list)
+    _host: int | None = None
+    """The merged pid of its first process other than Kineto's tracks, which fold into it."""
+    _folded: set[object] = field(default_factory=set)
+    """Kineto's tracks folded into the host process."""
     _flows: dict[str, int] = field(default_factory=dict)
 
     def place(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -209,13 +217,20 @@ class _Placer:
             elif not _usable_ts(ts):
                 continue
             if "pid" in event:
-                pid = pids.get(event["pid"])
+                original = event["pid"]
+                pid = pids.get(original)
                 if pid is None:
-                    if len(pids) >= PIDS_PER_SCOPE - 1:
+                    if original in _KINETO_TRACKS and self._host is not None:
+                        self._folded.add(original)
+                        pid = self._host
+                    elif len(pids) >= PIDS_PER_SCOPE - 1:
                         self.left_out += 1
                         continue
-                    pid = pids[event["pid"]] = pid_base + len(pids) + 1
-                    self._new.append((event["pid"], pid))
+                    else:
+                        pid = pids[original] = pid_base + len(pids) + 1
+                        self._new.append((original, pid))
+                if self._host is None and original not in _KINETO_TRACKS:
+                    self._host = pid
                 event["pid"] = pid
             if ts is not None:
                 # To the nanosecond, as round(x, 3) (which costs five times as much).
@@ -247,7 +262,9 @@ class _Placer:
         sort = {"sort_index": self.item.sort * 1_000_000 + self.item.scope}
         for original, pid in self._new:
             name = self.label
-            if len(self.scope.pids) > 1:  # a torch trace's other processes: its devices, say
+            # A torch trace's other processes (its devices, say) or Kineto's tracks: each
+            # process is named as the trace names it.
+            if len(self.scope.pids) + len(self._folded) > 1:
                 name = f"{self.label} · {self._names.get(original) or _pid_name(original)}"
             named = {"ph": "M", "name": "process_name", "pid": pid, "tid": 0}
             found.append({**named, "args": {"name": name}})

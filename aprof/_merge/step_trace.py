@@ -208,7 +208,7 @@ def _inputs(manifest: Manifest, step: int, clock_offsets: bool = True) -> list[I
         found.append(
             Input(
                 entry.path,
-                "driver" if driver else entry.process,
+                "driver" if driver else _process_label(entry.process),
                 0 if driver else 1,
                 timeline_process=entry.process,
                 host=entry.host,
@@ -234,6 +234,19 @@ def _inputs(manifest: Manifest, step: int, clock_offsets: bool = True) -> list[I
             )
         )
     return placed
+
+
+_RANK_PROCESS = re.compile(r"(?P<role>.+)-rank(?P<rank>\d+)-\d+")
+"""A role's rank's timeline process: ``<role>-rank<k>-<pid>`` (``aprof._workers``)."""
+
+
+def _process_label(process: str) -> str:
+    """What the merged trace calls a timeline's process: a rank's by its role and rank, as
+    its captures are (``trainer · rank 0``), another by its own name."""
+    found = _RANK_PROCESS.fullmatch(process)
+    if found is None:
+        return process
+    return f"{found['role']} · rank {int(found['rank'])}"
 
 
 def _worth_workers(root: Path, manifest: Manifest, steps: list[int], size: int) -> bool:

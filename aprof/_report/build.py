@@ -32,11 +32,13 @@ reported.
   continuously has no stage durations).
 
 - **One clock**: per profiled step, the intervals ``report.html`` draws as "Step <n> on one
-  clock" (``StepReport.timeline``): the step's span, each window, each request span, each
-  forward step of the trace its iterations come from, each trainer rank's stage ranges (else
-  its top-level ``record_function`` ranges), all on the wall clock in ns, gathered while the
-  inputs are read for the numbers above (no file is read twice). At most ``TIMELINE_ITEMS``
-  requests, forward steps and ranges per step, the earliest; each row counts those left out.
+  clock" (``StepReport.timeline``): the step's span, each window (an auto-stopped one up to
+  its last forward step's end in its traces, where its capture ended: ``WindowRow.ended_ns``),
+  each request span, each forward step of the trace its iterations come from, each trainer
+  rank's stage ranges (else its top-level ``record_function`` ranges), all on the wall clock
+  in ns, gathered while the inputs are read for the numbers above (no file is read twice). At
+  most ``TIMELINE_ITEMS`` requests, forward steps and ranges per step, the earliest; each row
+  counts those left out.
 
 Percentiles are nearest-rank: the p-th of ``n`` sorted values is the ``ceil(p/100 * n)``-th,
 always one of the values. Memory: the values of one profiled step are kept (8 bytes each, in
@@ -295,6 +297,8 @@ def _step_report(
     problems: list[tuple[int, str]] = []
     iterations: dict[str, Distribution] = {}
     stage_values: dict[str, array[float]] = {}
+    ended: dict[str, int] = {}
+    """Per auto-stopped rollout target: when its capture ended (``_capture_ended``)."""
     drawn = requests.spans.pop(step, None) or Earliest()
     order: dict[str, tuple[tuple[int, tuple[str, int], int], str]] = {}
     """Per row of ``drawn``: where it goes (a sort key) and its kind."""
@@ -304,6 +308,9 @@ def _step_report(
             found = traces.iterations(root, window, problems)
             if found is not None:
                 iterations[window.target] = distribution(found.durations)
+                end = _capture_ended(window, found.last_end_ns)
+                if end is not None:
+                    ended[window.target] = end
                 row = f"{window.target} · iterations"
                 order[row] = ((2, _natural(window.target), 1), "iterations")
                 drawn.add_many(row, found.items, found.placed)
@@ -335,31 +342,45 @@ def _step_report(
     problems.sort(key=lambda item: item[0])
     return StepReport(
         step=step,
-        windows=tuple(_row(w) for w in windows),
+        windows=tuple(_row(w, ended.get(w.target)) for w in windows),
         latency_captured=distribution(mine.captured),
         latency_uncaptured=distribution(mine.uncaptured),
         gated_wait=distribution(waits),
         iterations=iterations,
         stages={name: distribution(v) for name, v in sorted(stage_values.items())},
         problems=tuple(text for _, text in problems),
-        timeline=_timeline(step, windows, requests.step_spans.pop(step, None), drawn, order),
+        timeline=_timeline(step, windows, ended, requests.step_spans.pop(step, None), drawn, order),
     )
+
+
+def _capture_ended(window: WindowRecord, last_forward_ns: int | None) -> int | None:
+    """When an auto-stopped window's capture ended: its last forward step's end (the server,
+    or aprof's counter poll, stopped it after that step, before aprof recorded the stop);
+    ``None`` for another window, or when that end lies outside the window's start and stop
+    (a trace on a clock that disagrees)."""
+    begin, stopped = window.started_ns, window.stopped_ns
+    if window.stop_reason != "auto_stop" or last_forward_ns is None:
+        return None
+    if begin is None or stopped is None or not begin <= last_forward_ns <= stopped:
+        return None
+    return last_forward_ns
 
 
 def _timeline(
     step: int,
     windows: list[WindowRecord],
+    ended: dict[str, int],
     span: Interval | None,
     drawn: Earliest,
     order: dict[str, tuple[tuple[int, tuple[str, int], int], str]],
 ) -> tuple[Row, ...]:
-    """The step's rows, top to bottom: its span, its windows, per replica its requests and
-    forward steps, per role and rank its ranges."""
+    """The step's rows, top to bottom: its span, its windows (each to where its capture
+    ended), per replica its requests and forward steps, per role and rank its ranges."""
     rows: list[Row] = []
     if span is not None:
         rows.append(Row(f"step {step}", (span,), "step"))
     for window in windows:
-        begin, end = window.started_ns, window.stopped_ns
+        begin, end = window.started_ns, ended.get(window.target, window.stopped_ns)
         if begin is not None and end is not None and 0 <= begin <= end < MAX_NS:
             item = Interval(begin, end, f"{window.target} · step {step}", window.state)
             rows.append(Row(f"{window.target} · window", (item,), "window"))
@@ -380,7 +401,7 @@ def _natural(name: str) -> tuple[str, int]:
     return head, int(tail) if tail and len(tail) < 19 else -1
 
 
-def _row(window: WindowRecord) -> WindowRow:
+def _row(window: WindowRecord, ended_ns: int | None) -> WindowRow:
     return WindowRow(
         step=window.step,
         target=window.target,
@@ -397,6 +418,7 @@ def _row(window: WindowRecord) -> WindowRow:
         files=len(window.files),
         bytes=sum(f.bytes for f in window.files),
         error=window.error,
+        ended_ns=ended_ns,
     )
 
 

@@ -50,7 +50,8 @@ MAX_LANES = 8
 the last."""
 STEP_CAPTION = (
     "What the merged trace of this step shows (aprof merge), drawn on one wall clock (UTC): the "
-    "step, each capture window (coloured by state), per replica its request spans (red: went "
+    "step, each capture window (coloured by state, to where its capture ended: an "
+    "auto-stopped one's last forward step), per replica its request spans (red: went "
     "ahead while the replica captured, light green: did not; overlapping requests on sub-rows) "
     "over its forward steps, and per trainer rank its stage ranges (else its top-level "
     "record_function ranges). Hover a bar for its name and duration; drag to zoom in."
@@ -160,11 +161,12 @@ def _boxes(
 
 
 def windows_gantt(report: RunReport) -> go.Figure | str:
-    """Each window a bar from its start to its stop, one row per target, coloured by state."""
+    """Each window a bar from its start to where its capture ended (an auto-stopped one: its
+    last forward step), one row per target, coloured by state."""
     import plotly.graph_objects as go
 
     rows = [w for s in report.steps for w in s.windows]
-    drawn = [w for w in rows if w.started_ns is not None and w.stopped_ns is not None]
+    drawn = [w for w in rows if w.started_ns is not None and w.capture_end_ns is not None]
     if not drawn:
         return f"no window with a start and a stop time ({len(rows)} windows in all)"
     fig = figure()
@@ -174,7 +176,7 @@ def windows_gantt(report: RunReport) -> go.Figure | str:
             go.Bar(
                 orientation="h",
                 base=[_wall(w.started_ns or 0) for w in mine],
-                x=[((w.stopped_ns or 0) - (w.started_ns or 0)) / 1e6 for w in mine],
+                x=[((w.capture_end_ns or 0) - (w.started_ns or 0)) / 1e6 for w in mine],
                 y=[escape(w.target) for w in mine],
                 text=[f"step {w.step}" for w in mine],
                 textposition="inside",
@@ -215,8 +217,11 @@ def _window_hover(w: WindowRow) -> str:
         f"<b>{escape(w.target)}</b> · step {w.step}",
         f"{escape(w.kind)} · {escape(w.tool)} · state {escape(w.state)}",
         f"stop reason: {escape(w.stop_reason or '-')}",
-        f"duration: {duration(((w.stopped_ns or 0) - (w.started_ns or 0)) / 1e9)}",
+        f"duration: {duration(((w.capture_end_ns or 0) - (w.started_ns or 0)) / 1e9)}",
     ]
+    if w.ended_ns is not None and w.stopped_ns is not None:
+        after = duration((w.stopped_ns - w.ended_ns) / 1e9)
+        lines.append(f"capture ended at its last forward step; stop recorded {after} later")
     if w.requested is not None or w.observed is not None:
         lines.append(f"forward steps: requested {w.requested}, observed {w.observed}")
     lines.append(f"requests: admitted {w.admitted}, gated {w.gated}")
@@ -484,9 +489,9 @@ PLOTS: tuple[Plot, ...] = (
     Plot(
         "plot-windows",
         "Capture windows",
-        "One row per target, one bar per window from its start to its stop on the wall clock, "
-        "labelled with its step and coloured by state; hover for stop reason, forward steps, "
-        "files and error.",
+        "One row per target, one bar per window from its start to where its capture ended "
+        "on the wall clock (an auto-stopped window: its last forward step), labelled with its "
+        "step and coloured by state; hover for stop reason, forward steps, files and error.",
         windows_gantt,
     ),
     Plot(

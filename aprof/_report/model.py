@@ -55,6 +55,15 @@ class WindowRow:
     files: int
     bytes: int
     error: str | None
+    ended_ns: int | None = None
+    """When its capture ended, where that is known apart from ``stopped_ns`` (when aprof
+    recorded the stop): an auto-stopped rollout window's last forward step's end in its
+    traces, as the server stopped capturing there."""
+
+    @property
+    def capture_end_ns(self) -> int | None:
+        """When its capture ended: ``ended_ns``, else ``stopped_ns``."""
+        return self.stopped_ns if self.ended_ns is None else self.ended_ns
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,8 @@ class _Found:
     items: list[Interval] = field(default_factory=list)
     placed: int = 0
     """How many were on a known clock: ``items`` and those left out."""
+    last_end_ns: int | None = None
+    """The end of the latest on a known clock (wall clock, ns)."""
 
 
 def iterations(root: Path, window: WindowRecord, problems: list[tuple[int, str]]) -> _Found | None:
@@ -134,6 +136,8 @@ def _iteration_durations(events: Iterable[Annotation], base_ns: int | None) -> _
         if item is not None:
             found.items.append(item)
             found.placed += 1
+            if found.last_end_ns is None or item.end_ns > found.last_end_ns:
+                found.last_end_ns = item.end_ns
             if len(found.items) >= 2 * _report_clock.TIMELINE_ITEMS:
                 _earliest(found.items)
     for dialect in ("reference", "vllm", "sglang"):  # the reference server's holds vLLM's

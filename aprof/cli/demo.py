@@ -4,12 +4,14 @@ It launches ``--replicas`` reference servers (subprocesses; ``--server reference
 their SGLang dialect), or profiles running servers (``--server vllm|sglang URL ...``), then
 runs ``--num-steps`` global steps: each step rolls out ``--concurrency`` multi-turn
 tool-calling agent loops over the replicas and trains a tiny policy on CPU. The ``--steps``
-steps are profiled: a rollout window on every replica (auto-stopped by the server after
-``--forward-steps`` engine forward steps) and a ``trainer`` role window around the policy
-update. Every step's policy update is the trainer stage ``update_policy`` on the driver's
-timeline (``prof.stage``), which the report counts as the step's training time; in
-``--mode fully-async`` the rollouts go on during it. Everything goes under ``--out``; the
-servers' and the trainer's own output goes to log files under ``--out``/logs.
+steps are profiled: a rollout window on every replica but the last of two or more
+(auto-stopped by the server after ``--forward-steps`` engine forward steps; the last replica's
+requests are the step's uncaptured ones, beside which the report sets the captured) and a
+``trainer`` role window around the policy update. Every step's policy update is the trainer
+stage ``update_policy`` on the driver's timeline (``prof.stage``), which the report counts as
+the step's training time; in ``--mode fully-async`` the rollouts go on during it. Everything
+goes under ``--out``; the servers' and the trainer's own output goes to log files under
+``--out``/logs.
 
 examples:
   aprof demo
@@ -118,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
                     "save_path": str(args.out),
                     "wait_for_stops": True,
                 },
-                "rollout": {"replicas": "all", "forward_steps": args.forward_steps},
+                "rollout": {"replicas": _captured(args), "forward_steps": args.forward_steps},
                 "roles": {"trainer": {"discrete": True}},
                 "log": {"level": "warning"},
             }
@@ -144,6 +146,14 @@ def run(args: argparse.Namespace) -> int:
     servers = "replica_<r>.log: the servers; " if args.server[0] == "reference" else ""
     print(f"logs: {logs} ({servers}{TRAINER_LOG}: the trainer, with torch's own lines)")
     return 0
+
+
+def _captured(args: argparse.Namespace) -> list[int]:
+    """The replicas with rollout windows: all but the last of two or more, whose requests go
+    uncaptured in the same steps, under the same load."""
+    kind, *rest = args.server
+    count = len(rest) if kind in _URL_SERVERS else args.replicas
+    return list(range(max(1, count - 1)))
 
 
 class _ServerError(AprofError):
@@ -201,7 +211,8 @@ async def _main(args: argparse.Namespace, config: ProfilerConfig, logs: Path) ->
         )
         runner = AgentLoopRunner(loop, concurrency=args.concurrency)
         samples = _samples()
-        _say(f"profiling steps {args.steps} of {args.num_steps}; output in {out}")
+        left = _uncaptured(config, urls)
+        _say(f"profiling steps {args.steps} of {args.num_steps}{left}; output in {out}")
         if args.mode == "sync":
             for n in range(1, args.num_steps + 1):
                 began = time.monotonic()
@@ -218,6 +229,14 @@ async def _main(args: argparse.Namespace, config: ProfilerConfig, logs: Path) ->
                         loss = await _train(prof, trainer, batch)
                     _progress(prof, n, args.num_steps, batch, loss, began)
     return prof.manifest
+
+
+def _uncaptured(config: ProfilerConfig, urls: Sequence[str]) -> str:
+    """Which replicas the demo leaves uncaptured, said in parentheses; empty if none."""
+    left = [f"replica_{r}" for r in range(len(urls)) if not config.rollout.selects(r)]
+    if not left:
+        return ""
+    return f" ({', '.join(left)} not captured: the report sets its requests beside the captured)"
 
 
 async def _servers(

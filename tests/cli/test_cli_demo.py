@@ -6,11 +6,13 @@ import contextlib
 import gzip
 import itertools
 import json
+import re
 import signal
 import subprocess
 import sys
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -86,7 +88,8 @@ def _trace_events(path: Path) -> list[dict[str, Any]]:
 
 def test_demo_profiles_the_selected_steps(tmp_path: Path) -> None:
     """The demo launches reference servers, rolls out tool loops, trains, and leaves a manifest
-    with the rollout and trainer windows of the selected steps, their traces and a timeline."""
+    with the rollout windows (every replica but the last) and trainer windows of the selected
+    steps, their traces and a timeline."""
     out = tmp_path / "demo"
     done = run(
         "-m", "aprof", "demo", "--num-steps", "3", "--steps", "1,3", "--replicas", "2",
@@ -94,14 +97,14 @@ def test_demo_profiles_the_selected_steps(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "step 3/3: 4 rollouts (0 failed" in done.stderr
-    assert "replica_1" in done.stdout and "timeline:" in done.stdout
+    assert "replica_0" in done.stdout and "timeline:" in done.stdout
+    assert "profiling steps 1,3 of 3 (replica_1 not captured: the report sets its" in done.stderr
     assert_quiet(done, out)
     assert_windows(
         out,
         [
-            {"step": s, "target": f"replica_{r}", "state": "done", "stop_reason": "auto_stop"}
+            {"step": s, "target": "replica_0", "state": "done", "stop_reason": "auto_stop"}
             for s in (1, 3)
-            for r in (0, 1)
         ]
         + [{"step": s, "target": "trainer", "kind": "role", "state": "done"} for s in (1, 3)],
     )
@@ -130,17 +133,34 @@ def test_demo_profiles_the_selected_steps(tmp_path: Path) -> None:
     turns = [e for e in events if e.get("ph") == "b" and e.get("name") == "turn"]
     assert len(requests) == len(turns) == 3 * 4 * 3  # steps x loops x turns
     assert {e["args"]["step"] for e in requests} == {1, 2, 3}
+    # A profiled step's requests to replica_0 went ahead while it captured (auto-stopped by
+    # the server, its window still open); replica_1, never captured, served the others.
+    for e in requests:
+        profiled = e["args"]["step"] in (1, 3)
+        assert e["args"]["captured"] is (profiled and e["args"]["replica"] == 0), e
     # It ends with each profiled step merged onto one clock (aprof merge).
     for step in (1, 3):
         merged = out / "merged" / f"step_{step}.trace.json.gz"
         assert f"merged: {merged} (step {step})" in done.stdout.splitlines()
-        names = {
-            e["args"]["name"] for e in _trace_events(merged) if e.get("name") == "process_name"
-        }
-        assert {"driver", "replica_0 · frontend", "replica_1 · frontend"} <= names
-    # ... and with the report (aprof report): a line per step, and where its HTML is.
+        events = _trace_events(merged)
+        names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+        # Processes named by role and rank: the trainer's timeline as its captures are.
+        assert {"driver", "replica_0 · frontend", "trainer · rank 0"} <= set(names.values())
+        assert not any(name.startswith("trainer-") for name in names.values())
+        # Every process holds events of its own, more than one: Kineto's one-event tracks
+        # (its profiler's span, the iteration's start, the record window's end) are folded
+        # into the trace's host process.
+        held = Counter(e["pid"] for e in events if e.get("ph") != "M")
+        assert all(held[pid] > 1 for pid in names), (names, held)
+        assert any(e.get("name") == "Record Window End" for e in events)
+    # ... and with the report (aprof report): a line per step with its captured and
+    # uncaptured requests, and where its HTML is.
     lines = done.stdout.splitlines()
-    assert any(line.startswith("  step 1: latency p50 captured ") for line in lines)
+    kinds = re.compile(
+        r"  step [13]: latency p50 captured [^(]+\((\d+)\), uncaptured [^(]+\((\d+)\);"
+    )
+    counts = [(int(m[1]), int(m[2])) for m in map(kinds.match, lines) if m]
+    assert len(counts) == 2 and all(c > 0 and u > 0 and c + u == 12 for c, u in counts), counts
     report = out / "report.html"
     assert f"report: {report} (all of it in the terminal: aprof report {out} --no-html)" in lines
     assert report.is_file()

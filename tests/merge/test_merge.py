@@ -54,7 +54,24 @@ def test_each_step_puts_requests_and_forward_steps_on_one_clock(demo: Path, tmp_
         assert len(set(names.values())) == len(names)  # each process named once, apart
         labels = set(names.values())
         assert "driver" in labels and "replica_0 · frontend" in labels
-        assert any(n.startswith("trainer · rank 0") for n in labels)
+        # The trainer rank's timeline named by its role and rank, beside its capture's process.
+        assert {"trainer · rank 0", "trainer · rank 0 · python"} <= labels
+        assert not any(n.startswith("trainer-") for n in labels)
+        # No process of one event: Kineto's tracks (Spans, Traces, the record window's end)
+        # are folded into their trace's host process, which keeps its name.
+        held = Counter(e["pid"] for e in events if e.get("ph") != "M")
+        assert all(held[pid] > 1 for pid in names), (names, held)
+        assert not any(n.endswith((" · Spans", " · Traces", " · unnamed")) for n in labels)
+        folded = {
+            names[e["pid"]]
+            for e in events
+            if e.get("name") in ("PyTorch Profiler (0)", "Record Window End")
+        }
+        assert folded == {
+            "replica_0 · vLLM worker · python",
+            "replica_1 · vLLM worker · python",
+            "trainer · rank 0 · python",
+        }
         for r in (0, 1):
             assert any(n.startswith(f"replica_{r} · vLLM worker · python") for n in labels)
             spans = request_spans(events, names, r)
@@ -133,8 +150,8 @@ def test_a_failed_window_and_damaged_inputs_are_named_and_the_rest_merged(
     assert "replica_0 · frontend" in labels
     assert any(label.startswith("replica_0 · vLLM worker") for label in labels)
     assert any(label.startswith("replica_1 · vLLM worker · python") for label in labels)
-    assert not any(label.startswith("trainer · rank") for label in labels)  # the capture's
-    assert any(label.startswith("trainer-rank0-") for label in labels)  # the rank's timeline
+    assert not any(label.startswith("trainer · rank 0 · ") for label in labels)  # the capture's
+    assert "trainer · rank 0" in labels  # the rank's timeline
     assert not any(e.get("name") == "secret" for e in events)
 
 

@@ -86,6 +86,9 @@ def test_requests_are_counted_by_step_and_capture(demo: Path) -> None:
         assert step.latency_captured.count == len(captured)
         assert step.latency_uncaptured.count == len(mine) - len(captured)
         assert step.latency_captured.count + step.latency_uncaptured.count == len(mine) > 0
+        # The demo leaves its last replica uncaptured: both kinds in every profiled step.
+        assert step.latency_uncaptured.count == sum(r["replica"] == 2 for r in mine) > 0
+        assert step.latency_captured.count > 0
         for found in (step.latency_captured, step.latency_uncaptured):
             assert all(value > 0 for value in found.sample)
             if found.count:
@@ -408,21 +411,35 @@ def test_each_step_on_one_clock_has_its_windows_requests_forward_steps_and_ranks
             "replica_0 · iterations",
             "requests → replica_1",
             "replica_1 · iterations",
+            "requests → replica_2",  # not captured: no forward steps
             "trainer · rank 0",
         ]
         assert [row.kind for row in step.timeline] == [
             "step",
             *(["window"] * len(windows)),
             *(["requests", "iterations"] * 2),
+            "requests",
             "ranges",
         ]
         assert all(row.left_out == 0 for row in step.timeline)
         begin, end = spans[step.step]
         (span,) = rows[f"step {step.step}"].items
         assert abs(span.begin_ns - begin) < 1000 and abs(span.end_ns - end) < 1000
+        table = {row.target: row for row in step.windows}
         for w in windows:
             (item,) = rows[f"{w.target} · window"].items
-            assert (item.begin_ns, item.end_ns, item.state) == (w.started_ns, w.stopped_ns, w.state)
+            assert (item.begin_ns, item.state) == (w.started_ns, w.state)
+            if w.kind == "role":  # ended by aprof, at the step's end
+                assert item.end_ns == w.stopped_ns and table[w.target].ended_ns is None
+                continue
+            # Auto-stopped by the server after its 8 forward steps: the window's capture
+            # ended with the last of them, well before aprof recorded the stop (the step's end).
+            assert w.stop_reason == "auto_stop"
+            last = max(i.end_ns for i in rows[f"{w.target} · iterations"].items)
+            assert item.end_ns == table[w.target].ended_ns == last
+            assert table[w.target].capture_end_ns == last
+            assert w.started_ns is not None and w.stopped_ns is not None
+            assert w.started_ns < last < w.stopped_ns
         for replica in (0, 1):
             mine = [r for r in requests if r["step"] == step.step and r["replica"] == replica]
             drawn = rows[f"requests → replica_{replica}"].items

@@ -30,6 +30,7 @@ from aprof._report.html import (
     lanes,
     render,
     step_on_one_clock,
+    windows_gantt,
     write,
 )
 from aprof._report.model import Distribution, Interval, Row, WindowRow
@@ -371,6 +372,23 @@ def test_partial_data_is_drawn_as_far_as_it_goes() -> None:
     assert 'id="plot-windows"' in page and 'id="plot-forward-steps"' in page
     assert page.count("nothing to show:") == len(PLOTS) - 2 + 1 + 1  # step on one clock, run
     assert "nothing to show: no window, request or forward step of this step" in page
+
+
+def test_a_window_bar_ends_where_its_capture_ended() -> None:
+    """An auto-stopped window's bar ends at its capture's end (``ended_ns``: its last forward
+    step), not at the stop aprof recorded at the step's end; another's at its stop."""
+    stopped = window(1, "replica_0", 1.0, 9.0, ended_ns=at(1.5))
+    trainer = window(1, "trainer", 2.0, 9.0)
+    assert stopped.capture_end_ns == at(1.5) and trainer.capture_end_ns == at(9.0)
+    none = Distribution()
+    step = StepReport(1, (stopped, trainer), none, none, none, {}, {}, ())
+    fig = windows_gantt(RunReport("ends", Path("/x"), (step,), none, none))
+    assert not isinstance(fig, str)
+    (bars,) = fig.data
+    assert list(bars.y) == ["replica_0", "trainer"]
+    assert list(bars.x) == pytest.approx([500.0, 7000.0])  # ms from each start
+    assert "stop recorded 7.50 s later" in bars.hovertext[0]
+    assert "stop recorded" not in bars.hovertext[1]
 
 
 def test_overlapping_requests_take_as_few_lanes_as_they_need() -> None:
