@@ -16,6 +16,7 @@ import os
 import socket
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,23 @@ def worker(rank: int, args: argparse.Namespace) -> None:
         dist.destroy_process_group()
 
 
+def rank_main(rank: int, args: argparse.Namespace) -> None:
+    """A rank's process: ``worker``, then out without the interpreter's teardown, where gloo's
+    threads can abort a rank whose process group is gone (SIGABRT, "terminate called without
+    an active exception": once in about 25 runs on a loaded 2-core machine; pytorch#179291
+    describes the mechanism). What the rank wrote is on disk by then."""
+    try:
+        worker(rank, args)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    else:
+        code = 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -146,7 +164,7 @@ def main() -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(free_port())
     context = multiprocessing.get_context("spawn")
-    ranks = [context.Process(target=worker, args=(r, args)) for r in range(args.world_size)]
+    ranks = [context.Process(target=rank_main, args=(r, args)) for r in range(args.world_size)]
     for process in ranks:
         process.start()
     deadline = time.monotonic() + JOB_TIMEOUT_S
