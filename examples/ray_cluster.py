@@ -86,6 +86,9 @@ def unmet_requirement() -> str | None:
     for tool in ("unshare", "setpriv", "mount"):
         if shutil.which(tool) is None:
             return f"needs `{tool}` (util-linux)"
+    probe = ["unshare", "-m", "--propagation", "private", "true"]
+    if subprocess.run(probe, capture_output=True, timeout=30, check=False).returncode != 0:
+        return "cannot make a mount namespace here (`unshare -m` refused: no CAP_SYS_ADMIN?)"
     library = _libfaketime()
     if library is None:
         return "needs libfaketime: `pip install libfaketime` (it bundles one) or LIBFAKETIME=<file>"
