@@ -78,6 +78,7 @@ def document(report: RunReport, sections: Sequence[str]) -> str:
         notes = '<div class="notes"><h2>Notes</h2><ul>'
         notes += "".join(f"<li>{escape(n)}</li>" for n in report.notes) + "</ul></div>"
     steps = ", ".join(str(s.step) for s in report.steps) or "none"
+    hosts = _hosts(report)
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -98,6 +99,7 @@ def document(report: RunReport, sections: Sequence[str]) -> str:
 <main>
 {box}
 {notes}
+{hosts}
 {"".join(sections)}
 </main>
 </body>
@@ -127,6 +129,25 @@ table.steps th { background: #f3f3f3; }
 table.steps td:nth-child(6), table.steps td:last-child { text-align: left;
   font-family: monospace; word-break: break-all; }
 """
+
+
+def _hosts(report: RunReport) -> str:
+    """The hosts of a run over several nodes: each one's clock against the driver's."""
+    if len(report.hosts) < 2:
+        return ""
+    rows = "".join(
+        f"<tr><td>{escape(h.host)}</td><td>{h.offset_ns / 1e6:+.3f}</td>"
+        f"<td>{h.uncertainty_ns / 1e6:.3f}</td><td>{h.drift_ns / 1e6:.3f}</td>"
+        f"<td>{h.measurements}</td></tr>"
+        for h in report.hosts
+    )
+    return (
+        '<div id="hosts"><h2>Hosts</h2><p class="caption">Each host\'s wall clock against '
+        "the driver's, measured over Ray: what is added to its clock to read the driver's "
+        "(merged traces move its files by it), known to within the uncertainty.</p>"
+        '<table class="steps"><tr><th>host</th><th>offset (ms)</th><th>± (ms)</th>'
+        f"<th>drift (ms)</th><th>measurements</th></tr>{rows}</table></div>"
+    )
 
 
 def escape(text: str) -> str:
