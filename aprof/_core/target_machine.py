@@ -3,7 +3,7 @@
 Each window is started at most once and stopped at most once, however many coroutines race to
 trigger it; a stop is only sent for a window whose start succeeded, and the next window of the
 same target waits for the previous stop to finish. The window's own moves and what they
-record are :class:`~aprof._core.window_machine.WindowRun`'s (``window.py``).
+record are :class:`~aprof._core.window_machine.WindowRun`'s (``window_machine.py``).
 """
 
 from __future__ import annotations

@@ -46,8 +46,8 @@ class Cluster:
 
     async def last_word(self) -> None:
         """Measure the clocks a last time, list the run's files on every node (bringing them
-        in with ``cluster.collect: on_close``) and hand both to the manifest; bounded by
-        ``cluster.collect_s``."""
+        in with ``cluster.collect: on_close``) and hand both to the manifest: the listing and
+        collection bounded by ``cluster.collect_s``, each clock probe by ``AGENT_S``."""
         if self._measuring is not None:
             await asyncio.wait({self._measuring}, timeout=self._nodes.call_s)
         cluster = self._config.cluster

@@ -79,6 +79,7 @@ def gather(
         except Exception as exc:
             nodes.gone[node.host] = describe(exc)
             continue
+        nodes.gone.pop(node.host, None)  # a probe that timed out before says nothing now
         if listing.shared:
             continue  # it sees the driver's folder: its files are listed below as the driver's
         _say_listing(node.host, listing, done)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from aprof._core.host import host_name
+from aprof._core.host import node_address
 from aprof._errors import describe
 from aprof.ray._clocks import HostClocks, burst
 from aprof.ray._run_files import Listing, digest_below, list_below, read_below
@@ -63,7 +63,7 @@ class Nodes:
         self._run_id = run_id
         self.call_s = call_s
         self.driver_id = ray.get_runtime_context().get_node_id()
-        self.driver = host_name()
+        self.driver = node_address(self.driver_id)
         self.nodes: dict[str, Node] = {}
         self.gone: dict[str, str] = {}
         """Hosts whose agent could not be reached, and why."""
@@ -109,6 +109,8 @@ class Nodes:
                 clocks.add(node.host, burst(partial(self._now, node)))
             except Exception as exc:
                 self.gone[node.host] = describe(exc)
+            else:
+                self.gone.pop(node.host, None)  # it answers (again)
 
     def _now(self, node: Node) -> int:
         return int(self.call(node, "now_ns"))

@@ -34,12 +34,11 @@ class TargetHost:
             await self._target.open(timeouts, limits)
 
     async def start(self, window: Window) -> None:
-        # The driver made the window's folder on its own disk: this node needs its own.
+        # The driver made the window's folder on its own disk: this node needs its own, made
+        # below save_path without following a link (the profiler's windows all name it).
         if window.root is not None:
             parts = window.dir.relative_to(window.root).parts
             os.close(open_folder(str(window.root), parts, create=True))
-        else:
-            window.dir.mkdir(parents=True, exist_ok=True)
         await self._target.start(window)
 
     async def stop(self, window: Window) -> CaptureResult:
