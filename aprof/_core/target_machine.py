@@ -147,7 +147,7 @@ class TargetMachine:
                 return
             bounded = run.window.forward_steps is not None
             run.activate(("aprof" if self.polls else "server") if bounded else None)
-            if self.polls and run.stop_task is None:
+            if (self.polls or bounded) and run.stop_task is None:
                 run.poll_task = asyncio.get_running_loop().create_task(
                     self._poll(run), name=f"aprof-poll-{run.window.prefix}"
                 )
@@ -178,17 +178,16 @@ class TargetMachine:
         run.end(phase, error, reason="error")
 
     async def _poll(self, run: WindowRun) -> None:
-        """Stop ``run`` once ``delay + forward_steps`` engine steps have passed, if bounded."""
+        """End ``run`` once ``delay + forward_steps`` engine steps have passed, if bounded.
+
+        A target that bounds its windows itself is watched too: once its counter says the
+        capture is over, the window stops, so later requests are not taken for captured.
+        """
         window = run.window
         run.baseline = await self._read_counter(run)
         if run.baseline is None:
             if window.forward_steps is not None:
-                run.unbounded()
-                self._note(
-                    window.step,
-                    window.target,
-                    "target reports no forward-step counter: window runs until the step ends",
-                )
+                self._lost(run, "target reports no forward-step counter", "info")
             return
         if window.forward_steps is None:
             return
@@ -197,27 +196,30 @@ class TargetMachine:
             await asyncio.sleep(self._timeouts.poll_s)
             count = await self._read_counter(run)
             if count is None:
-                run.unbounded()
-                self._note(
-                    window.step,
-                    window.target,
-                    "forward-step counter lost: window runs until step end",
-                    level="problem",
-                )
+                self._lost(run, "forward-step counter lost", "problem")
                 return
             if count < run.baseline:
-                run.unbounded()
-                self._note(
-                    window.step,
-                    window.target,
-                    f"forward-step counter went back from {run.baseline} to {count} (the "
-                    "server restarted?): window runs until step end",
-                    level="problem",
+                why = (
+                    f"forward-step counter went back from {run.baseline} to {count} "
+                    "(the server restarted?)"
                 )
+                self._lost(run, why, "problem")
                 return
             if count - run.baseline >= goal:
                 self.close(run, "auto_stop")
                 return
+
+    def _lost(self, run: WindowRun, why: str, level: NoteLevel) -> None:
+        """The counter cannot bound ``run`` (``why``): a target that bounds its windows itself
+        still does; else the window runs until its step ends."""
+        if self.polls:
+            run.unbounded()
+            why += ": window runs until the step ends"
+        elif level == "info":
+            return  # the server ends the capture; nothing went wrong
+        else:
+            why += ": the server still ends the capture, the window at the step's end"
+        self._note(run.window.step, run.window.target, why, level=level)
 
     async def _read_counter(self, run: WindowRun) -> int | None:
         try:
@@ -261,7 +263,7 @@ class TargetMachine:
         if run.poll_task is not None:
             run.poll_task.cancel()
         run.begin_stop()
-        if self.polls and run.baseline is not None and run.record.stop_reason != "auto_stop":
+        if run.baseline is not None and run.record.stop_reason != "auto_stop":
             await self._read_counter(run)
         try:
             async with asyncio.timeout(self._timeouts.stop_s):

@@ -76,15 +76,21 @@ async def test_discontinuous_steps_give_three_independent_windows_per_replica(
     assert (prof.save_path / record.files[0].path).is_file()
 
 
-async def test_server_enforced_window_is_delegated(make_config: MakeConfig) -> None:
-    """A target that bounds its own window gets no polling and reports the auto-stop."""
+async def test_server_enforced_window_ends_when_the_server_stops_it(
+    make_config: MakeConfig,
+) -> None:
+    """A target that bounds its own window ends it; aprof watches the counter, so the window
+    stops when the server's capture did and a request after it is not taken for captured."""
     cfg = make_config(rollout={"delay": 2, "forward_steps": 4})
     (target,) = replicas(1, enforces_window=True)
     async with aprof.Profiler(cfg) as prof:
         prof.add_target(target)
         async with prof.step(1):
-            await generate(prof, target, 10)
+            first = await generate(prof, target, 10)
             assert target.active is None  # the "server" stopped itself
+            await target.wait_calls("stop")  # inside the step: aprof saw the counter pass
+            later = await generate(prof, target, 1)
+    assert first.captured and not later.captured
     assert_windows(
         prof.manifest,
         [
@@ -92,6 +98,7 @@ async def test_server_enforced_window_is_delegated(make_config: MakeConfig) -> N
                 "step": 1,
                 "state": "done",
                 "stop_reason": "auto_stop",
+                "requests": {"admitted": 1, "gated": 1},
                 "forward_steps": {
                     "delay": 2,
                     "requested": 4,
@@ -102,7 +109,24 @@ async def test_server_enforced_window_is_delegated(make_config: MakeConfig) -> N
             }
         ],
     )
-    assert not [c for c in target.calls if c.op == "forward_steps"]
+
+
+async def test_server_enforced_window_without_counter_runs_to_step_end(
+    make_config: MakeConfig,
+) -> None:
+    """With no counter to watch, the server's own bound holds and the window ends with the
+    step; nothing is noted as wrong."""
+    cfg = make_config(rollout={"delay": 0, "forward_steps": 2})
+    (target,) = replicas(1, enforces_window=True, counter=False)
+    async with aprof.Profiler(cfg) as prof:
+        prof.add_target(target)
+        async with prof.step(1):
+            await generate(prof, target, 5)
+            assert target.active is None and not target.stops
+    record = prof.manifest.window(1, "replica_0")
+    assert record is not None and record.stop_reason == "auto_stop"
+    assert record.forward_steps.enforced_by == "server"
+    assert not [n for n in prof.manifest.notes if n.level == "problem"]
 
 
 async def test_requests_wait_for_a_starting_window_and_are_counted(make_config: MakeConfig) -> None:
