@@ -195,8 +195,11 @@ class ScheduleConfig(_Model):
     active: PositiveInt = Field(description="Mini-batches recorded per cycle (one trace).")
     repeat: NonNegativeInt = Field(0, description="Cycles per capture; 0 = until it ends.")
     stages: Annotated[list[str], AfterValidator(distinct_nonempty)] = Field(
-        default_factory=lambda: ["update_actor"],
-        description="Stages whose discrete captures follow the schedule (e2e: the whole step).",
+        default_factory=lambda: ["actor_update"],
+        description=(
+            "Stages whose discrete captures follow the schedule (e2e: the whole step); "
+            "default verl's update stage, actor_update."
+        ),
     )
 
     @model_validator(mode="before")

@@ -630,15 +630,15 @@ def test_double_worker_profiler_schedules_the_named_stage_only(
     with wp.global_step(1):
         with wp.stage("compute_log_prob"):
             wp.step()
-        with wp.stage("update_actor"):
+        with wp.stage("actor_update"):
             for _ in range(4):
                 wp.step()
     log_prob, update = wp.captures
     save_path = cfg.global_profiler.save_path
     assert stems([save_path / f.path for f in log_prob.files]) == ["compute_log_prob-step1-rank0"]
     assert stems([save_path / f.path for f in update.files]) == [
-        "update_actor-step1-rank0-mb0-1",
-        "update_actor-step1-rank0-mb2-3",
+        "actor_update-step1-rank0-mb0-1",
+        "actor_update-step1-rank0-mb2-3",
     ]
     assert (log_prob.note, update.note) == (None, None)
 

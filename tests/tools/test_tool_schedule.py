@@ -34,7 +34,7 @@ def test_valid_schedules_load_and_print_back(tool: str, schedule: dict[str, int]
     cfg = aprof.load_config({"tool_config": {tool: {"schedule": schedule}}})
     loaded = getattr(cfg.tool_config, tool).schedule
     assert {name: getattr(loaded, name) for name in FIELDS} == schedule
-    assert loaded.stages == ["update_actor"]
+    assert loaded.stages == ["actor_update"]
     assert aprof.load_config(cfg.to_yaml()) == cfg
 
 

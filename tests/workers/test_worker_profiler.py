@@ -393,7 +393,7 @@ def test_step_reaches_only_scheduled_captures(make_config: MakeConfig) -> None:
         wp.step()  # between stages
         with wp.stage("compute_log_prob"):
             wp.step()
-        with wp.stage("update_actor"):
+        with wp.stage("actor_update"):
             wp.step()
             wp.step()
         wp.step()
@@ -401,8 +401,8 @@ def test_step_reaches_only_scheduled_captures(make_config: MakeConfig) -> None:
         "start compute_log_prob-step1-rank0",
         "stage compute_log_prob",
         "stop",
-        "start update_actor-step1-rank0 scheduled",
-        "stage update_actor",
+        "start actor_update-step1-rank0 scheduled",
+        "stage actor_update",
         "step",
         "step",
         "stop",

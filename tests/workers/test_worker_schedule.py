@@ -93,14 +93,14 @@ def test_discrete_schedule_applies_to_its_stages_only(make_config: MakeConfig) -
         with wp.stage("compute_log_prob"):
             for i in range(2):
                 mini_batch(wp, i)  # not a scheduled stage: wp.step() does nothing
-        with wp.stage("update_actor"):
+        with wp.stage("actor_update"):
             for i in range(5):
                 mini_batch(wp, i)
 
     files = files_of(wp, cfg)
     assert list(files) == [
         "compute_log_prob-step1-rank0.pt.trace.json.gz",
-        "update_actor-step1-rank0-mb1-2.pt.trace.json.gz",
+        "actor_update-step1-rank0-mb1-2.pt.trace.json.gz",
     ]
     log_prob, update = files.values()
     assert numbers(log_prob, MINI_BATCH) == [0, 1]
@@ -118,12 +118,12 @@ def test_each_discrete_capture_counts_its_own_mini_batches(make_config: MakeConf
     )
     wp = WorkerProfiler(cfg, role="actor", rank=0)
     for step in (1, 2):
-        with wp.global_step(step), wp.stage("update_actor"):
+        with wp.global_step(step), wp.stage("actor_update"):
             for i in range(2):
                 mini_batch(wp, i)
     assert list(files_of(wp, cfg)) == [
-        "update_actor-step1-rank0-mb0-0.pt.trace.json.gz",
-        "update_actor-step2-rank0-mb0-0.pt.trace.json.gz",
+        "actor_update-step1-rank0-mb0-0.pt.trace.json.gz",
+        "actor_update-step2-rank0-mb0-0.pt.trace.json.gz",
     ]
 
 
