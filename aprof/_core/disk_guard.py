@@ -1,15 +1,16 @@
 """The disk guard: while the manifest cannot be written, no capture starts.
 
-A capture the manifest cannot list would be lost to its reader, so the trouble stops the
-captures running (the windows do that, told by the profiler) and refuses every start until a
-write succeeds again. It is said once on the log each way; when the disk takes writes again,
-the manifest says from when to when, how many windows were not started and which step files
-were given up meanwhile.
+A capture the manifest cannot list would be lost to its reader, so the trouble, as the
+manifest's writer tells it, stops the captures running (the guard tells those that listen: the
+windows) and refuses every start until a write succeeds again. It is said once on the log each
+way; when the disk takes writes again, the manifest says from when to when, how many windows
+were not started and which step files were given up meanwhile.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import structlog
 
@@ -17,7 +18,7 @@ from aprof._manifest import ManifestFiles, Note
 
 
 class DiskGuard:
-    """Whether the manifest can be written now, as its writer last told."""
+    """Whether the manifest can be written now, as its writer (``files``) last told."""
 
     def __init__(self, files: ManifestFiles, log: structlog.typing.FilteringBoundLogger) -> None:
         self._files = files
@@ -27,6 +28,13 @@ class DiskGuard:
         self._since = 0
         self._not_started = 0
         """Windows refused since the trouble began."""
+        self._listeners: list[Callable[[str], None]] = []
+        files.listen_trouble(self._trouble)
+
+    def listen(self, listener: Callable[[str], None]) -> None:
+        """Have ``listener(why)`` told each time the trouble begins, from now on: the
+        captures running must stop."""
+        self._listeners.append(listener)
 
     def refused(self) -> str | None:
         """Why a window may not start now (counted as not started), ``None`` if it may."""
@@ -35,21 +43,21 @@ class DiskGuard:
         self._not_started += 1
         return f"the manifest cannot be written ({self.error})"
 
-    def trouble(self, error: str | None) -> bool:
-        """The manifest cannot be written (``error``), or can again (``None``); True when
-        the trouble begins now (the running captures must be stopped)."""
-        if error is not None:
-            began = self.error is None
-            if began:
-                self._since, self._not_started = time.time_ns(), 0
-                self._log.error(
-                    "manifest cannot be written: no capture starts until it can", error=error
-                )
-            self.error = error
-            return began
-        if self.error is not None:
-            self._recovered()
-        return False
+    def _trouble(self, error: str | None) -> None:
+        """The manifest cannot be written (``error``), or can again (``None``)."""
+        if error is None:
+            if self.error is not None:
+                self._recovered()
+            return
+        began = self.error is None
+        self.error = error
+        if began:
+            self._since, self._not_started = time.time_ns(), 0
+            self._log.error(
+                "manifest cannot be written: no capture starts until it can", error=error
+            )
+            for listener in self._listeners:
+                listener(f"the manifest could not be written ({error})")
 
     async def recheck(self, limit_s: float) -> None:
         """While in trouble, try the writes again and wait (at most ``limit_s``) for the

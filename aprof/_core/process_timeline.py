@@ -2,8 +2,8 @@
 writes, and its files as the manifest lists them.
 
 The driver's :class:`~aprof.Profiler` and every other process's ``RemoteProfiler``
-(``aprof.ray``) each hold one; with ``timeline.enable: false`` it records nothing and lists
-no file.
+(``aprof.ray``) each hold one; the driver's tells its manifest's files and its accounting of
+each write. With ``timeline.enable: false`` it records nothing and lists no file.
 """
 
 from __future__ import annotations
@@ -83,12 +83,15 @@ class ProcessTimeline:
         root: Path,
         process: str,
         clock: Clock | None = None,
-        on_written: Callable[[], None] | None = None,
+        on_files: Callable[[list[TimelineFile]], None] | None = None,
+        on_ledger: Callable[[Any, str], None] | None = None,
     ) -> None:
-        """``on_written`` runs in the event loop each time a write handed over by
-        :meth:`flush` is on disk (the files have changed)."""
+        """Each time a write is on disk (handed over by :meth:`flush`, or waited for), in the
+        event loop: ``on_files`` is told :meth:`files`, then ``on_ledger`` is given
+        :meth:`take_ledger` and ``process`` (the ledger is then taken by no one else)."""
         self.process = process
-        self._on_written = on_written
+        self._on_files = on_files
+        self._on_ledger = on_ledger
         self._root = root
         self._host = host_name()
         """This machine, as the manifest names it beside each timeline file."""
@@ -121,14 +124,13 @@ class ProcessTimeline:
         timeline is off or closed)."""
         timeline = self.timeline
         future = None if timeline is None else timeline.flush()
-        written = self._on_written
-        if future is None or written is None:
+        if future is None or (self._on_files is None and self._on_ledger is None):
             return future
         loop = asyncio.get_running_loop()
 
         def soon(_: object) -> None:
             with contextlib.suppress(RuntimeError):  # the loop has closed
-                loop.call_soon_threadsafe(written)
+                loop.call_soon_threadsafe(self._written)
 
         future.add_done_callback(soon)
         return future
@@ -137,15 +139,20 @@ class ProcessTimeline:
         """Write what was recorded and wait for it (errors are logged, not raised)."""
         if self.timeline is not None:
             await self.timeline.write_now()
-            if self._on_written is not None:
-                self._on_written()
+            self._written()
 
     async def aclose(self) -> None:
         """End what is still open, write the file a last time and stop its writer."""
         if self.timeline is not None:
             await self.timeline.aclose()
-            if self._on_written is not None:
-                self._on_written()
+            self._written()
+
+    def _written(self) -> None:
+        """A write is on disk: tell its files and hand its ledger over."""
+        if self._on_files is not None:
+            self._on_files(self.files())
+        if self._on_ledger is not None:
+            self._on_ledger(self.take_ledger(), self.process)
 
     def take_ledger(self) -> Any:
         """The ledger of what was written since the last call (``None`` when the timeline

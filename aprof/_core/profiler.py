@@ -12,6 +12,10 @@
 - ``disk_guard.py``: no capture starts while the manifest cannot be written;
 - ``process_timeline.py``: this process's timeline;
 - ``serving.py``: what other processes see and send (``aprof.ray``).
+
+The profiler only builds and composes them: each is handed the others it tells, or their
+public methods (registered once both are built where one needs the other first), and none
+calls back into the profiler.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import secrets
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Literal
@@ -28,7 +33,6 @@ from typing import Literal
 import structlog
 
 from aprof._accounting import StepAccount
-from aprof._capture import WorkerTimeline
 from aprof._config import ProfilerConfig, load_config
 from aprof._control import CaptureAnswer, CaptureRequest
 from aprof._core.accounting import LiveAccounting
@@ -39,12 +43,11 @@ from aprof._core.on_demand import Control
 from aprof._core.plan import Plan
 from aprof._core.process_timeline import ProcessTimeline, Recording
 from aprof._core.serving import Serving
-from aprof._core.sharing import Report
 from aprof._core.steps import Steps
 from aprof._core.target_machine import TargetMachine
 from aprof._core.targets import Targets, rollout_replica
 from aprof._core.windows import Windows, wait
-from aprof._errors import ConfigError, UsageError, describe
+from aprof._errors import ConfigError, UsageError
 from aprof._layout import OutputLayout
 from aprof._logging import configure_logging, logger
 from aprof._manifest import Clock, Manifest, ManifestFiles, OtelRecord
@@ -79,12 +82,7 @@ class Profiler(Recording):
         )
         self._status: Literal["new", "open", "closed"] = "new"
         self._log = log = logger.bind(run_id=self.run_id)
-        self._files = files = ManifestFiles(
-            self._manifest,
-            layout,
-            on_trouble=self._disk_trouble,
-            before_write=self._write_counts,
-        )
+        self._files = files = ManifestFiles(self._manifest, layout)
         self._guard = DiskGuard(files, log)
         self._disk = ThreadPoolExecutor(1, thread_name_prefix="aprof-disk")
         """Makes window folders and sizes their files: one thread, so that many windows at
@@ -92,7 +90,7 @@ class Profiler(Recording):
         self._accounting = LiveAccounting()
         salt = self._manifest.trace_salt = _trace_salt()
         self._otel = (
-            OtelReceiver(cfg.otel, root=layout.root, salt=salt, on_taken=self._otel_taken)
+            OtelReceiver(cfg.otel, root=layout.root, salt=salt, on_taken=files.otel_counts)
             if cfg.otel.receive
             else None
         )
@@ -101,9 +99,10 @@ class Profiler(Recording):
             root=layout.root,
             process=cfg.timeline.process or f"driver-{os.getpid()}",
             clock=self._manifest.clock,
-            on_written=self._timeline_written,
+            on_files=files.list_timeline,
+            on_ledger=self._accounting.take,
         )
-        self._targets = Targets(cfg, self._machine, log)
+        self._targets = Targets(cfg, log)
         self._windows = Windows(
             cfg,
             targets=self._targets,
@@ -114,6 +113,8 @@ class Profiler(Recording):
             refused=self._guard.refused,
             log=log,
         )
+        self._guard.listen(self._windows.stop_early)
+        files.before_write(self._windows.write_counts)
         self._plan = Plan(cfg, self._targets)
         self._control = Control(
             cfg,
@@ -141,8 +142,20 @@ class Profiler(Recording):
             add_target=self.add_target,
             remove_target=self.remove_target,
             accounting=self._accounting,
+            log=log,
         )
         """What other processes reach of this profiler once it is shared (``aprof.ray``)."""
+        self._targets.make_machines(
+            partial(
+                TargetMachine,
+                timeouts=cfg.timeouts,
+                limits=cfg.limits,
+                layout=layout,
+                disk=self._disk,
+                on_note=self._windows.note,
+                on_timeline=self._serving.take_timeline,
+            )
+        )
         self._steps = Steps(
             cfg,
             targets=self._targets,
@@ -323,7 +336,6 @@ class Profiler(Recording):
         finally:
             if self._otel is not None:
                 await self._otel.aclose()
-                self._otel_taken()
             self._windows.abandon()
             self._status = "closed"
             try:
@@ -347,46 +359,6 @@ class Profiler(Recording):
             # Before the gate takes step n: requests sent while its windows start carry it.
             self._otel.step_began(n, time.time_ns())
         await self._steps.enter(n)
-
-    def _machine(self, target: CaptureTarget) -> TargetMachine:
-        return TargetMachine(
-            target,
-            timeouts=self.config.timeouts,
-            limits=self.config.limits,
-            layout=self._layout,
-            disk=self._disk,
-            on_note=self._windows.note,
-            on_timeline=self._worker_timeline,
-        )
-
-    def _otel_taken(self) -> None:
-        """The receiver took an export: the manifest's counts follow."""
-        record, receiver = self._manifest.otel, self._otel
-        if record is not None and receiver is not None:
-            record.spans, record.dropped = receiver.counts.spans, receiver.counts.dropped
-            self._files.changed(None)
-
-    def _worker_timeline(self, found: WorkerTimeline) -> None:
-        """List a worker rank's timeline files and take its ledger into the accounting."""
-        try:
-            report = Report(timeline=list(found.files), ledger=found.ledger)
-            self._serving.take_report(found.process, report)
-        except Exception as exc:  # a rank's malformed hand-over costs its own listing only
-            self._log.warning(
-                "worker timeline not taken", process=found.process, error=describe(exc)
-            )
-
-    def _disk_trouble(self, error: str | None) -> None:
-        """The manifest cannot be written (``error``), or can again (``None``)."""
-        if self._guard.trouble(error):
-            self._windows.stop_early(f"the manifest could not be written ({error})")
-
-    def _write_counts(self, step: int) -> None:
-        self._windows.write_counts(step)
-
-    def _timeline_written(self) -> None:
-        self._files.list_timeline(self._timeline.files())
-        self._accounting.take(self._timeline.take_ledger(), self._timeline.process)
 
 
 class _Step:

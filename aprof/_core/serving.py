@@ -4,7 +4,8 @@ windows they ask it to open, and what they report back.
 The transport (``aprof.ray``) is a :class:`~aprof._core.sharing.Link`: told when the view
 changed, waited for as a step begins, and calling back :meth:`Serving.view`,
 :meth:`Serving.open_for`, :meth:`Serving.take_report`, :meth:`Serving.capture` and
-:meth:`Serving.change_target` with what the other processes send.
+:meth:`Serving.change_target` with what the other processes send. A worker group's ranks hand
+their timelines over through their target's machine (:meth:`Serving.take_timeline`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal, cast
 
+import structlog
+
+from aprof._capture import WorkerTimeline
 from aprof._config import ProfilerConfig
 from aprof._control import CaptureAnswer, CaptureRequest
 from aprof._core.accounting import LiveAccounting
@@ -20,6 +24,7 @@ from aprof._core.sharing import Link, RemotePhase, Report, RolloutView
 from aprof._core.targets import Targets
 from aprof._core.window_machine import Phase, WindowRun, add_counts, shared_phase
 from aprof._core.windows import Windows
+from aprof._errors import describe
 from aprof._manifest import HostClock, HostFile, ManifestFiles, NoteLevel, TimelineFile
 from aprof.abc import CaptureTarget
 
@@ -39,6 +44,7 @@ class Serving:
         add_target: Callable[[CaptureTarget], None],
         remove_target: Callable[[str], None],
         accounting: LiveAccounting,
+        log: structlog.typing.FilteringBoundLogger,
     ) -> None:
         self.config = config
         self._targets = targets
@@ -49,6 +55,7 @@ class Serving:
         self._add_target = add_target
         self._remove_target = remove_target
         self._accounting = accounting
+        self._log = log
         self.link: Link | None = None
         """The transport to the other processes, once the profiler is shared."""
         windows.listen(self._window_moved)
@@ -167,6 +174,16 @@ class Serving:
         if report.timeline:
             files = [TimelineFile.model_validate(e) for e in report.timeline]
             self._files.list_timeline(files, process=process)
+
+    def take_timeline(self, found: WorkerTimeline) -> None:
+        """A worker rank's timeline, as its target's machine hands it over: list its files and
+        take its ledger into the accounting (one that cannot be taken is logged)."""
+        try:
+            self.take_report(found.process, Report(timeline=list(found.files), ledger=found.ledger))
+        except Exception as exc:  # a rank's malformed hand-over costs its own listing only
+            self._log.warning(
+                "worker timeline not taken", process=found.process, error=describe(exc)
+            )
 
     def note(
         self, step: int | None, target: str | None, text: str, *, level: NoteLevel = "info"

@@ -1,5 +1,10 @@
 """The capture targets of a profiler: each registered once, with its machine, and what the
-config selects of them."""
+config selects of them.
+
+Each target's machine is made by the factory the profiler hands over once the machines'
+collaborators are built (:meth:`Targets.make_machines`): the windows they note to, and the
+serving side that takes the timelines of a worker group's ranks.
+"""
 
 from __future__ import annotations
 
@@ -20,14 +25,18 @@ class Targets:
     def __init__(
         self,
         config: ProfilerConfig,
-        machine: Callable[[CaptureTarget], TargetMachine],
         log: structlog.typing.FilteringBoundLogger,
     ) -> None:
         self._config = config
-        self._machine = machine
+        self._machine: Callable[[CaptureTarget], TargetMachine] | None = None
         self._log = log
         self.by_name: dict[str, TargetMachine] = {}
         self.by_replica: dict[int, TargetMachine] = {}
+
+    def make_machines(self, machine: Callable[[CaptureTarget], TargetMachine]) -> None:
+        """Have ``machine(target)`` make the machine of each target added from now on (called
+        once the machines' collaborators are built, before the first :meth:`add`)."""
+        self._machine = machine
 
     def add(self, target: CaptureTarget) -> None:
         """Register ``target``; raises ``TargetError`` if it breaks the protocol's rules."""
@@ -58,6 +67,7 @@ class Targets:
                 )
         else:
             raise TargetError(f"target {name!r} has kind {target.kind!r}; use 'rollout' or 'role'")
+        assert self._machine is not None, "make_machines comes before the first add"
         machine = self._machine(target)
         self.by_name[name] = machine
         if target.replica is not None and target.kind == "rollout":

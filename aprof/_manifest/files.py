@@ -68,12 +68,7 @@ class ManifestFiles:
         self,
         manifest: Manifest,
         layout: OutputLayout,
-        *,
-        on_trouble: OnTrouble,
-        before_write: Callable[[int], None],
     ) -> None:
-        """``before_write(step)`` runs before a step's file is serialized (counts kept
-        elsewhere are brought up to date there)."""
         self.manifest = manifest
         """The live view: every window of the steps still held."""
         self._layout = layout
@@ -88,9 +83,19 @@ class ManifestFiles:
         self._own_timeline: list[TimelineFile] = []
         self._other_timelines: dict[str, list[TimelineFile]] = {}
         """Other processes' timeline files, by process, as they last reported them."""
-        self._before_write = before_write
-        self._on_trouble = on_trouble
+        self._before_write_hooks: list[Callable[[int], None]] = []
+        self._trouble_listeners: list[OnTrouble] = []
         self._writer: _Writer | None = None
+
+    def listen_trouble(self, listener: OnTrouble) -> None:
+        """Have ``listener`` told, on the event loop, each time writing starts to fail and
+        each time it succeeds again, from now on."""
+        self._trouble_listeners.append(listener)
+
+    def before_write(self, hook: Callable[[int], None]) -> None:
+        """Have ``hook(step)`` run before each step's file is serialized from now on (counts
+        kept elsewhere are brought up to date there)."""
+        self._before_write_hooks.append(hook)
 
     def open(self) -> None:
         """Start the writer thread and write the run file (an earlier run's is kept aside)."""
@@ -98,11 +103,15 @@ class ManifestFiles:
 
         def report(error: str | None) -> None:  # in the writer thread
             with contextlib.suppress(RuntimeError):  # the loop has closed: nobody to tell
-                loop.call_soon_threadsafe(self._on_trouble, error)
+                loop.call_soon_threadsafe(self._trouble, error)
 
         self._writer = _Writer(self._layout, report)
         self._run_dirty = True
         self._write_marked(keep_previous_run=True)
+
+    def _trouble(self, error: str | None) -> None:
+        for listener in self._trouble_listeners:
+            listener(error)
 
     # -- changes ------------------------------------------------------------------------------
 
@@ -134,6 +143,14 @@ class ManifestFiles:
         listed = self._own_timeline + [f for o in self._other_timelines.values() for f in o]
         if self.manifest.timeline != listed:
             self.manifest.timeline = listed
+            self.changed(None)
+
+    def otel_counts(self, spans: int, dropped: int) -> None:
+        """What the run's OTLP receiver kept (``spans``) and dropped so far: its record says
+        so, once the run has one."""
+        record = self.manifest.otel
+        if record is not None:
+            record.spans, record.dropped = spans, dropped
             self.changed(None)
 
     def hosts_and_files(self, hosts: list[HostClock], files: list[HostFile] | None) -> None:
@@ -181,7 +198,8 @@ class ManifestFiles:
             step = self._steps.get(n)
             if step is None:  # released: its file holds it all
                 continue
-            self._before_write(n)
+            for hook in self._before_write_hooks:
+                hook(n)
             data = StepFile.model_construct(
                 run_id=self.manifest.run_id, step=n, windows=step.windows, notes=step.notes
             ).model_dump_json(by_alias=True, indent=1)

@@ -101,9 +101,10 @@ class OtelReceiver:
         *,
         root: Path,
         salt: str,
-        on_taken: Callable[[], None],
+        on_taken: Callable[[int, int], None],
     ) -> None:
-        """``on_taken`` runs on the event loop after each export that changed the counts."""
+        """``on_taken(spans, dropped)`` is told the counts on the event loop after each export
+        that changed them, and once more when the receiver has closed."""
         self._config = config
         self._root = str(root)
         self._salt = salt
@@ -158,7 +159,7 @@ class OtelReceiver:
     async def aclose(self) -> None:
         """Take the spans still on their way (once it has taken any: until none came for
         ``QUIET_S``, at most ``LINGER_S``), then stop listening (bounded); the exports under
-        way are answered or cut off."""
+        way are answered or cut off, and the counts are told a last time."""
         if self._server is not None and self._taken.is_set():
             try:
                 async with asyncio.timeout(LINGER_S):
@@ -174,6 +175,7 @@ class OtelReceiver:
             await server.aclose()
         if self._thread is not None:
             self._thread.shutdown(wait=False)
+        self._tell_counts()
 
     def step_began(self, step: int, wall_ns: int) -> None:
         """The profiler began ``step`` at ``wall_ns`` (``time.time_ns()``)."""
@@ -200,8 +202,11 @@ class OtelReceiver:
         finally:
             self._in_flight -= 1
         self._taken.set()
-        self._on_taken()
+        self._tell_counts()
         return _answer(content_type, rejected)
+
+    def _tell_counts(self) -> None:
+        self._on_taken(self.counts.spans, self.counts.dropped)
 
     # -- on the receiver's thread ---------------------------------------------------------------
 

@@ -315,7 +315,8 @@ class ExactlyOnce(RuleBasedStateMachine):
                 "roles": {"actor": {}},
             }
         )
-        self.targets = Targets(config, _Machine, structlog.get_logger())  # type: ignore[arg-type]
+        self.targets = Targets(config, structlog.get_logger())
+        self.targets.make_machines(_Machine)  # type: ignore[arg-type]
         for target in _targets():
             self.targets.add(target)
         self.plan = Plan(config, self.targets)

@@ -387,7 +387,10 @@ def test_four_mib_bombs_cost_no_memory(tmp_path: Path) -> None:
 def _receiver(root: Path, **config: Any) -> OtelReceiver:
     """A receiver whose thread-side filing is called directly (no server, no thread)."""
     return OtelReceiver(
-        OtelConfig(receive=True, **config), root=root, salt=SALT, on_taken=lambda: None
+        OtelConfig(receive=True, **config),
+        root=root,
+        salt=SALT,
+        on_taken=lambda spans, dropped: None,
     )
 
 

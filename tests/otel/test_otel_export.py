@@ -43,7 +43,9 @@ async def _export(save_path: Path, into: Path, *extra: str) -> list[dict[str, An
     below ``into``; every span it filed."""
     salt = aprof.load_manifest(save_path).trace_salt
     assert salt is not None
-    receiver = OtelReceiver(OtelConfig(receive=True), root=into, salt=salt, on_taken=lambda: None)
+    receiver = OtelReceiver(
+        OtelConfig(receive=True), root=into, salt=salt, on_taken=lambda spans, dropped: None
+    )
     for n in (1, 2):  # the run's steps: the receiver takes the spans of steps begun
         receiver.step_began(n, 0)
     endpoint = await receiver.start()

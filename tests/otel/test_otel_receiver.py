@@ -263,7 +263,7 @@ async def test_spans_still_on_their_way_as_it_closes_are_kept(tmp_path: Path) ->
     ``QUIET_S``."""
     salt = "0123456789abcdef"
     receiver = OtelReceiver(
-        OtelConfig(receive=True), root=tmp_path, salt=salt, on_taken=lambda: None
+        OtelConfig(receive=True), root=tmp_path, salt=salt, on_taken=lambda spans, dropped: None
     )
     url = await receiver.start()
     receiver.step_began(1, 0)
