@@ -29,6 +29,7 @@ def test_every_actors_requests_count_in_one_window_per_replica(tmp_path: Path) -
     manifest = aprof.load_manifest(tmp_path)
     listed = {entry.process: entry for entry in manifest.timeline}
     sent: Counter[tuple[int, int]] = Counter()
+    counted: Counter[int] = Counter()
     for name in WORKERS:
         entry = listed[name]
         assert entry.path == f"timeline/{name}.trace.json.gz"
@@ -41,7 +42,14 @@ def test_every_actors_requests_count_in_one_window_per_replica(tmp_path: Path) -
             e["args"] for e in trace["traceEvents"] if e.get("cat") == "request" and e["ph"] == "b"
         ]
         sent.update((args["step"], args["replica"]) for args in requests)
-        assert all(args["captured"] for args in requests if args["step"] == 1)
+        # A window counts the requests that came while it started or captured; each server
+        # ends its capture after 8 forward steps, and the requests after that go uncaptured.
+        counted.update(
+            args["replica"]
+            for args in requests
+            if args["step"] == 1 and (args["captured"] or args["gated"])
+        )
+        assert all(args["captured"] for args in requests if args["gated"])
         assert not any(args["captured"] or args["gated"] for args in requests if args["step"] == 2)
 
     states = [(w.step, w.target, w.state) for w in manifest.windows]
@@ -49,7 +57,8 @@ def test_every_actors_requests_count_in_one_window_per_replica(tmp_path: Path) -
     for window in manifest.windows:
         replica = int(window.target.removeprefix("replica_"))
         # The actors' counts, summed by the driver, match the requests on their timelines.
-        assert window.requests.admitted == sent[1, replica] > 0
+        assert window.requests.admitted == counted[replica] > 0
+        assert window.stop_reason == "auto_stop"
         assert 1 <= window.requests.gated <= window.requests.admitted  # the one that opened it
     assert sent[2, 0] + sent[2, 1] > 0  # step 2 ran, not profiled
     assert not [note.text for note in manifest.notes]

@@ -252,7 +252,9 @@ async def _drain(stream: asyncio.StreamReader) -> None:
 
 async def test_crash_mid_window_fails_the_window(tmp_path: Path) -> None:
     save = tmp_path / "profile"
-    prof = aprof.Profiler(config(save, [1]))
+    # Unbounded: the stop comes at the step's end, after the request, not when the server's
+    # counter says its capture is over.
+    prof = aprof.Profiler(config(save, [1], forward_steps=None))
     traces = tmp_path / "traces"
     args = ("--profiler-dir", str(traces), "--crash-on", "/stop_profile")
     async with asyncio.timeout(180), subprocess_server(*args) as (url, proc):
