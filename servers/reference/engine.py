@@ -159,6 +159,10 @@ class Engine:
         """Sequences not yet scheduled."""
         return len(self._waiting)
 
+    def unfinished(self) -> list[Sequence]:
+        """The sequences waiting or running now."""
+        return [*self._waiting, *self._running]
+
     async def start(self) -> None:
         """Build the model on the engine thread and start iterating."""
         self._model = await self.call(self._build_model)

@@ -2,7 +2,9 @@
 
 Real vLLM runs a second torch profiler in the API-server process; one process cannot run
 two torch profilers at once, so this server writes the front end's view itself: one
-complete event per request that finished while the front end was recording.
+complete event per request that finished while the front end was recording, and one up to
+the stop for each request it was still serving then (a profiler in the front end sees those
+too).
 """
 
 from __future__ import annotations
@@ -37,6 +39,22 @@ class FrontendTrace:
                 "args": {"prompt_tokens": len(seq.prompt), "output_tokens": len(seq.output)},
             }
         )
+
+    def in_flight(self, seqs: list[Sequence], stop_ns: int) -> None:
+        """Add the spans, up to ``stop_ns``, of the requests still being served at the stop."""
+        for seq in seqs:
+            self.events.append(
+                {
+                    "name": f"request {seq.id}",
+                    "cat": "frontend",
+                    "ph": "X",
+                    "pid": os.getpid(),
+                    "tid": 0,
+                    "ts": seq.arrival_ns / 1000,
+                    "dur": max(stop_ns - seq.arrival_ns, 0) / 1000,
+                    "args": {"prompt_tokens": len(seq.prompt), "in_flight": True},
+                }
+            )
 
     def write(self, path: Path) -> Path:
         """Write the spans as a gzip Chrome trace (complete or not at all) and return ``path``."""

@@ -117,6 +117,7 @@ class VllmFrontend:
                 files, worker_failed = [], True
             trace, self._trace = self._trace, None
             if trace is not None:
+                trace.in_flight(self._state.engine.unfinished(), time.time_ns())
                 files.append(await asyncio.to_thread(trace.write, self._frontend_path()))
         logger.info("vllm: profiling stopped", files=[str(f) for f in files])
         if (trace is None and self._version < (0, 30, 0)) or worker_failed:
