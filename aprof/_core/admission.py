@@ -15,7 +15,7 @@ from aprof._core.colocation import Colocation
 from aprof._core.plan import Claim
 from aprof._core.target_machine import TargetMachine
 from aprof._core.targets import Targets, rollout_replica
-from aprof._core.window_machine import WindowRun
+from aprof._core.window_machine import Phase, WindowRun
 from aprof._core.windows import Windows
 from aprof._manifest import StopReason
 from aprof._timeline.events import now_ns
@@ -34,11 +34,14 @@ class Admission:
         self._colocation = colocation
         self._on_first_request = config.rollout.start == "on_first_request"
         self.gate = Gate(self.admit)
-        """What requests read as they enter."""
+        """What requests read as they enter; its ``active`` holds the tally of each window
+        of the open step that is active, so that their requests are counted without a call
+        into Python."""
         self.windows: dict[int, WindowRun] = {}
         """This step's rollout windows, by replica."""
         self.replicas: dict[int, Claim] = {}
         """The replicas the open step captures, with why."""
+        windows.listen(self._window_moved)
 
     def begin(self, step: int, replicas: dict[int, Claim]) -> None:
         """Step ``step`` is open and captures ``replicas``."""
@@ -69,6 +72,7 @@ class Admission:
         each selected replica no request reached; returns those closed."""
         closed = self.end_rollout(reason)
         self.windows = {}
+        self.gate.active.clear()
         self.gate.live = False
         self.gate.step = None
         return closed
@@ -78,6 +82,7 @@ class Admission:
         record a skipped one for each selected replica no request reached; none opens in
         this step any more. Returns those closed (all of the step's, ended before too)."""
         closed = list(self.windows.values())
+        self.gate.active.clear()  # asked to stop: no request is captured from now on
         for run in closed:
             self._windows.close(run, reason)
         step = self.gate.step
@@ -99,12 +104,24 @@ class Admission:
         if replica is None:
             return []
         run = self.windows.pop(replica, None)
+        self.gate.active.pop(replica, None)
         claim = self.replicas.pop(replica, None)
         step = self.gate.step
         if run is None and claim is not None and self.gate.live and step is not None:
             why = f"target removed before a request reached replica {replica}"
             self._windows.skip(machine, step, claim, why, reason="removed")
         return [] if run is None else [run]
+
+    def _window_moved(self, run: WindowRun, phase: Phase) -> None:
+        """An active window of the open step counts its requests in the gate (C), until it
+        is asked to stop."""
+        replica = run.window.replica
+        if replica is None or self.windows.get(replica) is not run:
+            return
+        if phase is Phase.ACTIVE and run.stop_task is None:
+            self.gate.active[replica] = run.tally
+        elif self.gate.active.get(replica) is run.tally:
+            del self.gate.active[replica]
 
     def admit(self, req: Request) -> Awaitable[Request] | None:
         """Count ``req`` into its replica's window (``Request`` lets it go itself outside a

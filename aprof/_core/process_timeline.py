@@ -23,21 +23,17 @@ from aprof._layout import OutputLayout
 from aprof._logging import logger
 from aprof._manifest import Clock, TimelineFile, WindowRecord
 from aprof._timeline.events import AttrValue, Event
-from aprof._timeline.recorder import BACKEND, NULL_SPAN, Gate, NullSpan, Recorder, Request, Span
+from aprof._timeline.recorder import BACKEND, NULL_SPAN, Gate, NullSpan, Recorder, Span
 from aprof._timeline.timeline import Timeline
 
 
 class Recording:
-    """``request`` and ``span`` of a profiler that records into its process's timeline through
+    """``span`` and ``stage`` of a profiler that records into its process's timeline through
     a gate: the driver's :class:`~aprof.Profiler` and every ``RemoteProfiler``. Written out
-    here, with no call between, because they are each request's and span's hot path."""
+    here, with no call between, because they are each span's hot path."""
 
     _gate: Gate
     _recorder: Recorder | None
-
-    def request(self, *, replica: int, request_id: str | None = None) -> Request:
-        """The context of one request to ``replica``: gate, count, and report what happened."""
-        return Request(self._gate, self._recorder, replica, request_id)
 
     def span(self, name: str, /, **attrs: AttrValue) -> Span | NullSpan:
         """A timeline span named ``name`` (a turn, a tool call), for ``with`` or ``async with``.

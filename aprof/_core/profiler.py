@@ -52,6 +52,7 @@ from aprof._layout import OutputLayout
 from aprof._logging import configure_logging, logger
 from aprof._manifest import Clock, Manifest, ManifestFiles, OtelRecord
 from aprof._otel import OtelReceiver
+from aprof._timeline.recorder import Requests, requests
 from aprof.abc import CaptureTarget
 
 
@@ -62,6 +63,11 @@ class Profiler(Recording):
     for each global step and ``async with prof.request(replica=r):`` around each request;
     ``prof.span(name, **attrs)`` records turns and tool calls on the timeline.
     """
+
+    request: Requests
+    """``prof.request(replica=r, request_id=None)``: the context of one request to replica
+    ``r`` (a :class:`~aprof.Request`): gate, count, and report what happened. Made in C
+    where the recorder is: no Python frame runs per request."""
 
     def __init__(
         self, config: ProfilerConfig | Mapping[str, object] | str | os.PathLike[str] | None = None
@@ -129,9 +135,10 @@ class Profiler(Recording):
         )
         self._colocation = Colocation(cfg, self._targets, self._windows)
         self._admission = Admission(cfg, self._targets, self._windows, self._colocation)
-        self._gate = self._admission.gate
-        self._gate.trace_salt = salt
+        self._gate = gate = self._admission.gate
+        gate.trace_salt = salt
         self._recorder = self._timeline.recorder
+        self.request = requests(gate, self._recorder)
         self._serving = Serving(
             cfg,
             targets=self._targets,

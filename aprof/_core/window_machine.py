@@ -29,7 +29,7 @@ from aprof._manifest import (
     WindowRecord,
     WindowState,
 )
-from aprof._timeline.recorder import Request
+from aprof._timeline.recorder import Request, Tally
 
 
 class Phase(enum.Enum):
@@ -122,7 +122,6 @@ class WindowRun:
     """
 
     __slots__ = (
-        "_admitted",
         "_gated",
         "_on_change",
         "_phase",
@@ -136,6 +135,7 @@ class WindowRun:
         "start_task",
         "started",
         "stop_task",
+        "tally",
         "window",
     )
 
@@ -158,7 +158,8 @@ class WindowRun:
         """The forward-step counter when the capture became active."""
         self.last_count: int | None = None
         self._raised = False
-        self._admitted = 0
+        self.tally = Tally()
+        """The requests admitted: counted here, or in C through the gate while active."""
         self._gated = 0
 
     @property
@@ -169,7 +170,7 @@ class WindowRun:
     @property
     def active(self) -> bool:
         """The capture is running and has not been asked to stop."""
-        return self._phase is Phase.ACTIVE
+        return self._phase is Phase.ACTIVE and self.stop_task is None
 
     # -- moves ---------------------------------------------------------------------------------
 
@@ -249,27 +250,27 @@ class WindowRun:
     def admit(self, req: Request) -> bool:
         """Count ``req`` if it comes while the window starts or runs (marking it gated or
         captured); True when it must wait for the start."""
-        phase = self._phase
-        if phase is Phase.ACTIVE:
-            self._admitted += 1
+        if self.active:
+            self.tally.admitted += 1
             req.captured = True
-        elif phase is Phase.STARTING:
+        elif self._phase is Phase.STARTING:
             req.gated = True
             self._gated += 1
-            self._admitted += 1
+            self.tally.admitted += 1
             return True
         return False
 
     def add_counts(self, admitted: int, gated: int) -> None:
         """Requests another process counted into this window."""
-        self._admitted += admitted
+        self.tally.admitted += admitted
         self._gated += gated
 
     def write_counts(self) -> None:
         """Bring the request counts into the manifest record (before it is written)."""
         counts = self.record.requests
-        if (counts.admitted, counts.gated) != (self._admitted, self._gated):
-            counts.admitted, counts.gated = self._admitted, self._gated
+        admitted = self.tally.admitted
+        if (counts.admitted, counts.gated) != (admitted, self._gated):
+            counts.admitted, counts.gated = admitted, self._gated
 
     def failure_to_raise(self) -> tuple[int, str, str] | None:
         """``(step, target, error)`` if the window failed and no caller was told yet

@@ -13,8 +13,9 @@ were a third of what aprof added to a turn. Here:
   hands them over as the bytes of that list, which the writer process loads with marshal.loads;
 - Span and Request begin and end without a Python frame, awaiting their __aenter__ and
   __aexit__ completes at once (no coroutine), and they are not tracked by the garbage
-  collector: one only forms a cycle while it is open (its recorder's `open` set holds it), and
-  the timeline's close ends every open one;
+  collector: one only forms a cycle while it is open (its recorder's list of open ones holds
+  it, linked through the span or request itself: no hashing per begin and end), and the
+  timeline's close ends every open one;
 - the clock is CPython's monotonic clock, the one behind time.monotonic_ns().
 
 An event's layout is events.py's (SPAN, REQUEST, ...). A value that marshal's plain types do
@@ -136,11 +137,51 @@ static PyTypeObject Ready_Type = {
     .tp_iternext = (iternextfunc)ready_next,
 };
 
+/* -- Open: the spans and requests begun and not ended ------------------------------------ */
+
+/* A span or request is in its recorder's list of open ones through a Link of its own, which
+   holds a reference to it while it is linked. */
+typedef struct Link {
+    struct Link *prev; /* NULL: not linked */
+    struct Link *next;
+    PyObject *owner;
+} Link;
+
+/* Link `link` (of `owner`) before `head`; once only: 0 if it is linked already. */
+static int
+link_in(Link *head, Link *link, PyObject *owner)
+{
+    if (link->prev != NULL) {
+        return 0;
+    }
+    link->owner = Py_NewRef(owner);
+    link->prev = head->prev;
+    link->next = head;
+    head->prev->next = link;
+    head->prev = link;
+    return 1;
+}
+
+/* Unlink `link`: 1 if it was linked, 0 if not (ended already). Its owner's reference goes; the
+   caller holds another. */
+static int
+link_out(Link *link)
+{
+    if (link->prev == NULL) {
+        return 0;
+    }
+    link->prev->next = link->next;
+    link->next->prev = link->prev;
+    link->prev = link->next = NULL;
+    Py_DECREF(link->owner);
+    return 1;
+}
+
 /* -- Recorder: a timeline's events, in marshal's format -------------------------------- */
 
 typedef struct {
     PyObject_HEAD
-    PyObject *open;    /* set: spans and requests begun and not ended */
+    Link open;         /* the head of the spans and requests begun and not ended */
     PyObject *on_full; /* called when an event finds no room */
     char *data;        /* M_HEAD bytes, then the events */
     Py_ssize_t size;
@@ -467,11 +508,7 @@ recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         return NULL;
     }
     self->on_full = Py_NewRef(on_full);
-    self->open = PySet_New(NULL);
-    if (self->open == NULL) {
-        Py_DECREF(self);
-        return NULL;
-    }
+    self->open.prev = self->open.next = &self->open;
     self->data = PyMem_Malloc(1 << 16);
     if (self->data == NULL) {
         Py_DECREF(self);
@@ -485,7 +522,6 @@ recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 static int
 recorder_traverse(Recorder *self, visitproc visit, void *arg)
 {
-    Py_VISIT(self->open);
     Py_VISIT(self->on_full);
     return 0;
 }
@@ -493,7 +529,8 @@ recorder_traverse(Recorder *self, visitproc visit, void *arg)
 static int
 recorder_clear(Recorder *self)
 {
-    Py_CLEAR(self->open);
+    /* No open one is left here: each holds its recorder, which keeps it from being freed,
+       and from being collected (spans and requests are not tracked). */
     Py_CLEAR(self->on_full);
     return 0;
 }
@@ -541,6 +578,25 @@ recorder_take(Recorder *self, PyObject *unused)
     return taken;
 }
 
+/* `recorder.open`: a list of the spans and requests begun and not ended, in the order begun. */
+static PyObject *
+recorder_get_open(Recorder *self, void *closure)
+{
+    PyObject *open = PyList_New(0);
+    for (Link *link = self->open.next; open != NULL && link != &self->open; link = link->next) {
+        if (PyList_Append(open, link->owner) < 0) {
+            Py_CLEAR(open);
+        }
+    }
+    return open;
+}
+
+static PyGetSetDef recorder_getset[] = {
+    {"open", (getter)recorder_get_open, NULL,
+     "The spans and requests begun and not ended yet, in the order begun (a new list).", NULL},
+    {NULL},
+};
+
 static PyMethodDef recorder_methods[] = {
     {"add", (PyCFunction)recorder_add, METH_O,
      "add(event): record an event tuple (steps and windows; spans and requests record "
@@ -552,8 +608,6 @@ static PyMethodDef recorder_methods[] = {
 };
 
 static PyMemberDef recorder_members[] = {
-    {"open", T_OBJECT, offsetof(Recorder, open), READONLY,
-     "Spans and requests begun and not ended yet."},
     {"room", T_PYSSIZET, offsetof(Recorder, room), 0,
      "How many events the recorder may hold before it calls on_full."},
     {"count", T_PYSSIZET, offsetof(Recorder, count), READONLY, "Events held."},
@@ -576,6 +630,7 @@ static PyTypeObject Recorder_Type = {
     .tp_clear = (inquiry)recorder_clear,
     .tp_methods = recorder_methods,
     .tp_members = recorder_members,
+    .tp_getset = recorder_getset,
     .tp_new = recorder_new,
 };
 
@@ -635,6 +690,7 @@ check_exit(const char *method, Py_ssize_t nargs)
 typedef struct {
     PyObject_VAR_HEAD /* ob_size: 2 * the number of attrs */
     Recorder *recorder;
+    Link link; /* in the recorder's open ones while it is */
     PyObject *name;
     PyObject *step;
     int64_t begin;
@@ -660,6 +716,7 @@ span_make(PyObject *recorder, PyObject *name, PyObject *attrs, PyObject *step)
         return NULL;
     }
     self->recorder = (Recorder *)Py_NewRef(recorder);
+    self->link.prev = self->link.next = NULL;
     self->name = Py_NewRef(name);
     self->step = Py_NewRef(step);
     self->begin = 0;
@@ -718,7 +775,8 @@ static int
 span_begin(Span *self)
 {
     self->begin = now_ns();
-    return PySet_Add(self->recorder->open, (PyObject *)self);
+    link_in(&self->recorder->open, &self->link, (PyObject *)self);
+    return 0;
 }
 
 /* The span's attrs made plain (see plain): NULL and no error if they are already, a tuple of
@@ -768,9 +826,8 @@ static int
 span_end(Span *self, int64_t end, PyObject *note)
 {
     Recorder *rec = self->recorder;
-    int found = PySet_Discard(rec->open, (PyObject *)self);
-    if (found != 1) {
-        return found;
+    if (!link_out(&self->link)) {
+        return 0;
     }
     PyObject *name = plain(self->name, 1), *step = plain(self->step, 1);
     PyObject *why = plain(note, 1), *copy = plain_attrs(self);
@@ -936,11 +993,52 @@ typedef struct {
 
 static NullSpan null_span = {PyObject_HEAD_INIT(&NullSpan_Type)}; /* NULL_SPAN: never freed */
 
+/* -- Tally: the requests an active window admitted ------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    long long admitted;
+} Tally;
+
+static PyTypeObject Tally_Type;
+
+static PyObject *
+tally_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    if ((kwargs != NULL && PyDict_GET_SIZE(kwargs) > 0) || PyTuple_GET_SIZE(args) > 0) {
+        PyErr_SetString(PyExc_TypeError, "Tally() takes no arguments");
+        return NULL;
+    }
+    Tally *self = (Tally *)type->tp_alloc(type, 0);
+    if (self != NULL) {
+        self->admitted = 0;
+    }
+    return (PyObject *)self;
+}
+
+static PyMemberDef tally_members[] = {
+    {"admitted", T_LONGLONG, offsetof(Tally, admitted), 0, "Requests counted so far."},
+    {NULL},
+};
+
+static PyTypeObject Tally_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "aprof._timeline._recorder.Tally",
+    .tp_basicsize = sizeof(Tally),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Tally(): the requests a window admitted while active; a gate's `active` holds "
+              "one\nper replica whose window is active, and counts into it without calling "
+              "admit.",
+    .tp_members = tally_members,
+    .tp_new = tally_new,
+};
+
 /* -- Gate: what a request asks of its profiler ------------------------------------------ */
 
 typedef struct {
     PyObject_HEAD
-    PyObject *admit; /* called with the request while `live` */
+    PyObject *admit;  /* called with the request while `live`, unless `active` admits it */
+    PyObject *active; /* dict: replica (an int) -> Tally of its active window */
     PyObject *step;  /* the global step now open, or None */
     PyObject *trace_salt; /* None, or an exact str of 16 lowercase hex digits, not all 0 */
     char live;       /* the step now open has rollout windows */
@@ -969,6 +1067,11 @@ gate_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     if (self == NULL) {
         return NULL;
     }
+    self->active = PyDict_New();
+    if (self->active == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
     self->admit = Py_NewRef(admit);
     self->step = Py_NewRef(Py_None);
     self->trace_salt = Py_NewRef(Py_None);
@@ -982,6 +1085,7 @@ static int
 gate_traverse(Gate *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->admit);
+    Py_VISIT(self->active);
     Py_VISIT(self->step);
     return 0;
 }
@@ -990,6 +1094,7 @@ static int
 gate_clear(Gate *self)
 {
     Py_CLEAR(self->admit);
+    Py_CLEAR(self->active);
     Py_CLEAR(self->step);
     return 0;
 }
@@ -1061,6 +1166,9 @@ static PyMemberDef gate_members[] = {
     {"admit", T_OBJECT, offsetof(Gate, admit), READONLY,
      "Called with each request while `live`: None if it may go now, else what it awaits "
      "first."},
+    {"active", T_OBJECT, offsetof(Gate, active), READONLY,
+     "Replica (an int) -> Tally of its active window in the open step: while `live`, a "
+     "request to\none is counted there and marked captured, without calling admit."},
     {"step", T_OBJECT, offsetof(Gate, step), 0, "The global step now open, if any."},
     {"live", T_BOOL, offsetof(Gate, live), 0,
      "The step now open has rollout windows: requests are admitted."},
@@ -1101,6 +1209,7 @@ typedef struct {
     PyObject_HEAD
     Gate *gate;
     Recorder *recorder; /* NULL while the timeline is off */
+    Link link;          /* in the recorder's open ones while it is */
     PyObject *replica;
     PyObject *request_id;
     PyObject *step;
@@ -1111,6 +1220,7 @@ typedef struct {
     int64_t begin;
     char gated;
     char captured;
+    char entering; /* __aenter__ returned the request itself, to be awaited once */
 } Request;
 
 static PyTypeObject Request_Type;
@@ -1133,6 +1243,7 @@ request_make(PyObject *gate, PyObject *recorder, PyObject *replica, PyObject *re
     }
     self->gate = (Gate *)Py_NewRef(gate);
     self->recorder = recorder == Py_None ? NULL : (Recorder *)Py_NewRef(recorder);
+    self->link.prev = self->link.next = NULL;
     self->replica = Py_NewRef(replica);
     self->request_id = Py_NewRef(request_id);
     self->step = Py_NewRef(Py_None);
@@ -1143,6 +1254,7 @@ request_make(PyObject *gate, PyObject *recorder, PyObject *replica, PyObject *re
     self->begin = 0;
     self->gated = 0;
     self->captured = 0;
+    self->entering = 0;
     return (PyObject *)self;
 }
 
@@ -1216,9 +1328,8 @@ request_end(Request *self, int64_t end, PyObject *note)
     if (rec == NULL) {
         return 0;
     }
-    int found = PySet_Discard(rec->open, (PyObject *)self);
-    if (found != 1) {
-        return found;
+    if (!link_out(&self->link)) {
+        return 0;
     }
     PyObject *replica = plain(self->replica, 1), *request_id = plain(self->request_id, 1);
     PyObject *step = plain(self->step, 1), *why = plain(note, 1);
@@ -1254,11 +1365,20 @@ request_aenter(Request *self, PyObject *unused)
         gate->first_ns = self->begin;
     }
     if (self->recorder != NULL) {
-        if (PySet_Add(self->recorder->open, (PyObject *)self) < 0) {
-            return NULL;
-        }
+        link_in(&self->recorder->open, &self->link, (PyObject *)self);
     }
     if (gate->live) {
+        if (PyDict_GET_SIZE(gate->active) > 0 && PyLong_CheckExact(self->replica)) {
+            /* An int's hash and equality run no Python code. */
+            PyObject *tally = PyDict_GetItemWithError(gate->active, self->replica);
+            if (tally != NULL && Py_IS_TYPE(tally, &Tally_Type)) {
+                ((Tally *)tally)->admitted++;
+                self->captured = 1;
+                self->entering = 1;
+                return Py_NewRef(self);
+            }
+            PyErr_Clear(); /* not found, or a lookup that failed: admit decides */
+        }
         PyObject *wait = PyObject_CallOneArg(gate->admit, (PyObject *)self);
         if (wait == NULL) {
             /* No __aexit__ follows a failed __aenter__: the request ends here. */
@@ -1277,8 +1397,54 @@ request_aenter(Request *self, PyObject *unused)
         }
         Py_DECREF(wait);
     }
-    return ready_new((PyObject *)self);
+    /* Its own awaitable, done at once: no object made per request. */
+    self->entering = 1;
+    return Py_NewRef(self);
 }
+
+/* `await` of what __aenter__ returned (the request itself): done at once, with the request;
+   awaiting a request otherwise is a mistake (it was not entered). */
+static PyObject *
+request_await(Request *self)
+{
+    if (!self->entering) {
+        PyErr_SetString(PyExc_TypeError,
+                        "a Request is used with `async with prof.request(...)`, not awaited");
+        return NULL;
+    }
+    return Py_NewRef(self);
+}
+
+static PySendResult
+request_send(Request *self, PyObject *arg, PyObject **result)
+{
+    self->entering = 0;
+    *result = Py_NewRef(self);
+    return PYGEN_RETURN;
+}
+
+/* The iterator protocol's form of the same, which `await` uses while a trace function is
+   set. */
+static PyObject *
+request_next(Request *self)
+{
+    if (!self->entering) {
+        PyErr_SetString(PyExc_TypeError, "a Request is not an iterator");
+        return NULL;
+    }
+    self->entering = 0;
+    PyObject *stop = PyObject_CallOneArg(PyExc_StopIteration, (PyObject *)self);
+    if (stop != NULL) {
+        PyErr_SetObject(PyExc_StopIteration, stop);
+        Py_DECREF(stop);
+    }
+    return NULL;
+}
+
+static PyAsyncMethods request_async = {
+    .am_await = (unaryfunc)request_await,
+    .am_send = (sendfunc)request_send,
+};
 
 static PyObject *
 request_aexit(Request *self, PyObject *const *args, Py_ssize_t nargs)
@@ -1679,6 +1845,8 @@ static PyTypeObject Request_Type = {
     .tp_basicsize = sizeof(Request),
     .tp_dealloc = (destructor)request_dealloc,
     .tp_repr = (reprfunc)request_repr,
+    .tp_as_async = &request_async,
+    .tp_iternext = (iternextfunc)request_next,
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc =
         "One agent-loop request to a replica, as an async context manager and its own "
@@ -1694,6 +1862,136 @@ static PyTypeObject Request_Type = {
     .tp_vectorcall = request_vectorcall,
 };
 
+/* -- requests: what `prof.request` is ---------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *gate;
+    PyObject *recorder; /* None while the timeline is off */
+    vectorcallfunc vectorcall;
+} Requests;
+
+static PyTypeObject Requests_Type;
+
+static PyObject *str_replica;
+static PyObject *str_request_id;
+
+/* Whether the keyword `kw` is `name` (interned: identity is the usual match); -1 on error. */
+static int
+is_keyword(PyObject *kw, PyObject *name)
+{
+    if (kw == name) {
+        return 1;
+    }
+    int other = PyUnicode_Compare(kw, name);
+    return other == -1 && PyErr_Occurred() ? -1 : other == 0;
+}
+
+/* `prof.request(replica=r, request_id=None)`: a Request through the gate into the recorder. */
+static PyObject *
+requests_call(Requests *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs > 0) {
+        PyErr_Format(PyExc_TypeError, "request() takes 0 positional arguments but %zd %s given",
+                     nargs, nargs == 1 ? "was" : "were");
+        return NULL;
+    }
+    PyObject *replica = NULL, *request_id = Py_None;
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *kw = PyTuple_GET_ITEM(kwnames, i);
+        int found = is_keyword(kw, str_replica);
+        if (found == 1) {
+            replica = args[i];
+            continue;
+        }
+        found = found < 0 ? -1 : is_keyword(kw, str_request_id);
+        if (found == 1) {
+            request_id = args[i];
+            continue;
+        }
+        if (found == 0) {
+            PyErr_Format(PyExc_TypeError, "request() got an unexpected keyword argument %R", kw);
+        }
+        return NULL;
+    }
+    if (replica == NULL) {
+        PyErr_SetString(PyExc_TypeError,
+                        "request() missing 1 required keyword-only argument: 'replica'");
+        return NULL;
+    }
+    return request_make(self->gate, self->recorder, replica, request_id);
+}
+
+static PyObject *
+requests_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *gate, *recorder;
+    if (kwargs != NULL && PyDict_GET_SIZE(kwargs) > 0) {
+        PyErr_SetString(PyExc_TypeError, "requests() takes no keyword arguments");
+        return NULL;
+    }
+    if (!PyArg_UnpackTuple(args, "requests", 2, 2, &gate, &recorder)) {
+        return NULL;
+    }
+    if (Py_TYPE(gate) != &Gate_Type) {
+        PyErr_Format(PyExc_TypeError, "expected a Gate, not %.200s", Py_TYPE(gate)->tp_name);
+        return NULL;
+    }
+    if (recorder != Py_None && check_recorder(recorder) < 0) {
+        return NULL;
+    }
+    Requests *self = (Requests *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->gate = Py_NewRef(gate);
+    self->recorder = Py_NewRef(recorder);
+    self->vectorcall = (vectorcallfunc)requests_call;
+    return (PyObject *)self;
+}
+
+static int
+requests_traverse(Requests *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->gate);
+    Py_VISIT(self->recorder);
+    return 0;
+}
+
+static int
+requests_clear(Requests *self)
+{
+    Py_CLEAR(self->gate);
+    Py_CLEAR(self->recorder);
+    return 0;
+}
+
+static void
+requests_dealloc(Requests *self)
+{
+    PyObject_GC_UnTrack(self);
+    requests_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject Requests_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "aprof._timeline._recorder.requests",
+    .tp_basicsize = sizeof(Requests),
+    .tp_dealloc = (destructor)requests_dealloc,
+    .tp_vectorcall_offset = offsetof(Requests, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "requests(gate, recorder): what prof.request is; calling it with replica=r, "
+              "request_id=None\nmakes the Request of one request to replica r, through gate, "
+              "into recorder (None: the\ntimeline is off).",
+    .tp_traverse = (traverseproc)requests_traverse,
+    .tp_clear = (inquiry)requests_clear,
+    .tp_new = requests_new,
+};
+
 /* -- the module ------------------------------------------------------------------------ */
 
 static PyMethodDef recorder_functions[] = {
@@ -1707,8 +2005,8 @@ static PyMethodDef recorder_functions[] = {
 static struct PyModuleDef recorder_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "aprof._timeline._recorder",
-    .m_doc = "The timeline's hot path in C: Gate, Recorder, Span, Request, NULL_SPAN and "
-             "span_id_of (pyrecorder.py is its twin).",
+    .m_doc = "The timeline's hot path in C: Gate, Tally, Recorder, Span, Request, requests, "
+             "NULL_SPAN\nand span_id_of (pyrecorder.py is its twin).",
     .m_size = -1,
     .m_methods = recorder_functions,
 };
@@ -1723,12 +2021,15 @@ intern(PyObject **name, const char *text)
 PyMODINIT_FUNC
 PyInit__recorder(void)
 {
-    if (intern(&str_tokens, "tokens") < 0) {
+    if (intern(&str_tokens, "tokens") < 0 || intern(&str_replica, "replica") < 0 ||
+        intern(&str_request_id, "request_id") < 0) {
         return NULL;
     }
-    if (PyType_Ready(&Ready_Type) < 0 || PyType_Ready(&Gate_Type) < 0 ||
+    if (PyType_Ready(&Ready_Type) < 0 || PyType_Ready(&Tally_Type) < 0 ||
+        PyType_Ready(&Gate_Type) < 0 ||
         PyType_Ready(&Recorder_Type) < 0 ||
         PyType_Ready(&Span_Type) < 0 || PyType_Ready(&Request_Type) < 0 ||
+        PyType_Ready(&Requests_Type) < 0 ||
         PyType_Ready(&NullSpan_Type) < 0) {
         return NULL;
     }
@@ -1741,10 +2042,12 @@ PyInit__recorder(void)
     if (module == NULL) {
         return NULL;
     }
-    if (PyModule_AddObjectRef(module, "Gate", (PyObject *)&Gate_Type) < 0 ||
+    if (PyModule_AddObjectRef(module, "Tally", (PyObject *)&Tally_Type) < 0 ||
+        PyModule_AddObjectRef(module, "Gate", (PyObject *)&Gate_Type) < 0 ||
         PyModule_AddObjectRef(module, "Recorder", (PyObject *)&Recorder_Type) < 0 ||
         PyModule_AddObjectRef(module, "Span", (PyObject *)&Span_Type) < 0 ||
         PyModule_AddObjectRef(module, "Request", (PyObject *)&Request_Type) < 0 ||
+        PyModule_AddObjectRef(module, "requests", (PyObject *)&Requests_Type) < 0 ||
         PyModule_AddObjectRef(module, "NullSpan", (PyObject *)&NullSpan_Type) < 0 ||
         PyModule_AddObjectRef(module, "NULL_SPAN", (PyObject *)&null_span) < 0) {
         Py_DECREF(module);

@@ -18,7 +18,7 @@ import marshal
 from collections.abc import Awaitable, Callable
 from operator import index
 from types import TracebackType
-from typing import Final, final
+from typing import Final, Protocol, final
 
 from aprof._timeline.events import REQUEST, SPAN, AttrValue, Event, now_ns
 
@@ -39,21 +39,37 @@ _FNV_PRIME: Final = 0x100000001B3
 
 
 @final
+class Tally:
+    """The requests a window admitted while active: a gate's ``active`` holds one per
+    replica whose window is active, and counts into it without calling ``admit``."""
+
+    __slots__ = ("admitted",)
+
+    def __init__(self) -> None:
+        self.admitted = 0
+        """Requests counted so far."""
+
+
+@final
 class Gate:
     """What a request asks of its profiler as it enters, and nothing more.
 
     ``step`` is the global step now open, ``live`` whether that step has rollout windows;
-    while it has, each request calls ``admit(request)``, which counts it into its replica's
-    window and returns ``None`` if it may go now, or what it awaits first (the window's start).
-    ``trace_salt`` makes the run's trace ids (see :attr:`Request.traceparent`).
+    while it has, a request to a replica in ``active`` is counted into its :class:`Tally`
+    and marked captured, and any other calls ``admit(request)``, which counts it into its
+    replica's window and returns ``None`` if it may go now, or what it awaits first (the
+    window's start). ``trace_salt`` makes the run's trace ids (see
+    :attr:`Request.traceparent`).
     """
 
-    __slots__ = ("_trace_salt", "admit", "first_ns", "last_ns", "live", "step")
+    __slots__ = ("_trace_salt", "active", "admit", "first_ns", "last_ns", "live", "step")
 
     def __init__(self, admit: Callable[[Request], Awaitable[Request] | None], /) -> None:
         if not callable(admit):
             raise TypeError("Gate(admit): admit must be callable")
         self.admit = admit
+        self.active: dict[int, Tally] = {}
+        """Replica (an int) -> :class:`Tally` of its active window in the open step."""
         self.step: int | None = None
         """The global step now open, if any."""
         self.live = False
@@ -92,7 +108,7 @@ class Recorder:
     events and raise the room) and is dropped and counted if there is no room then.
     """
 
-    __slots__ = ("_events", "_on_full", "dropped", "open", "room")
+    __slots__ = ("_events", "_on_full", "_open", "dropped", "room")
 
     def __init__(self, on_full: Callable[[], object], /) -> None:
         if not callable(on_full):
@@ -101,10 +117,14 @@ class Recorder:
         self._events: list[Event] = []
         self.room = 0
         """How many events the recorder may hold before it calls ``on_full``."""
-        self.open: set[Span | Request] = set()
-        """Spans and requests begun and not ended yet."""
+        self._open: dict[Span | Request, None] = {}
         self.dropped = 0
         """Events that found no room, even after ``on_full``, over the recorder's life."""
+
+    @property
+    def open(self) -> list[Span | Request]:
+        """The spans and requests begun and not ended yet, in the order begun (a new list)."""
+        return list(self._open)
 
     @property
     def count(self) -> int:
@@ -157,7 +177,7 @@ class Span:
 
     def __enter__(self) -> Span:
         self._begin = now_ns()
-        self._recorder.open.add(self)
+        self._recorder._open[self] = None
         return self
 
     def __exit__(
@@ -187,7 +207,7 @@ class Span:
         end = index(end)
         recorder = self._recorder
         try:
-            recorder.open.remove(self)
+            del recorder._open[self]
         except KeyError:  # ended already, or never begun
             return
         keys, values = _plain_all(self._keys), _plain_all(self._values)
@@ -389,8 +409,14 @@ class Request:
         if not gate.first_ns:
             gate.first_ns = self._begin
         if self._recorder is not None:
-            self._recorder.open.add(self)
+            self._recorder._open[self] = None
         if gate.live:
+            replica = self._replica
+            tally = gate.active.get(replica) if gate.active and type(replica) is int else None
+            if type(tally) is Tally:
+                tally.admitted += 1
+                self._captured = True
+                return self
             try:
                 wait = gate.admit(self)
             except BaseException as exc:  # no __aexit__ follows a failed __aenter__
@@ -432,7 +458,7 @@ class Request:
         if recorder is None:
             return
         try:
-            recorder.open.remove(self)
+            del recorder._open[self]
         except KeyError:  # ended already, or never begun
             return
         replica, request_id = _plain(self._replica, 1), _plain(self._request_id, 1)
@@ -460,6 +486,29 @@ class Request:
             f"Request(replica={self._replica!r}, request_id={self._request_id!r}, "
             f"step={self._step!r}, gated={self._gated}, captured={self._captured})"
         )
+
+
+class Requests(Protocol):
+    """What ``prof.request`` is (made by :func:`requests`)."""
+
+    def __call__(self, *, replica: int, request_id: str | None = None) -> Request:
+        """The context of one request to ``replica``: gate, count, and report what happened."""
+        ...
+
+
+def requests(gate: Gate, recorder: Recorder | None, /) -> Requests:
+    """What ``prof.request`` is: called with ``replica=r, request_id=None``, it makes the
+    :class:`Request` of one request to replica ``r``, through ``gate``, into ``recorder``
+    (``None``: the timeline is off). A closure: calling it costs one Python frame."""
+    if type(gate) is not Gate:
+        raise TypeError(f"expected a Gate, not {type(gate).__name__}")
+    if recorder is not None:
+        _check_recorder(recorder)
+
+    def request(*, replica: int, request_id: str | None = None) -> Request:
+        return Request(gate, recorder, replica, request_id)
+
+    return request
 
 
 def span_id_of(request_id: str) -> str:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Literal
 
+from aprof._timeline.pyrecorder import Requests
+
 Backend = Literal["c", "python"]
 
 NO_EXTENSIONS = os.environ.get("APROF_NO_EXTENSIONS", "") not in ("", "0")
@@ -25,6 +27,8 @@ if TYPE_CHECKING or NO_EXTENSIONS:
         Recorder,
         Request,
         Span,
+        Tally,
+        requests,
         span_id_of,
     )
 
@@ -38,6 +42,8 @@ else:
             Recorder,
             Request,
             Span,
+            Tally,
+            requests,
             span_id_of,
         )
 
@@ -50,6 +56,8 @@ else:
             Recorder,
             Request,
             Span,
+            Tally,
+            requests,
             span_id_of,
         )
 
@@ -69,6 +77,9 @@ __all__ = [
     "NullSpan",
     "Recorder",
     "Request",
+    "Requests",
     "Span",
+    "Tally",
+    "requests",
     "span_id_of",
 ]

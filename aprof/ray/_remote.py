@@ -18,7 +18,7 @@ from aprof._errors import ConfigError, TargetError, UsageError, describe
 from aprof._layout import check_name
 from aprof._logging import logger
 from aprof._timeline.events import SPAN, now_ns
-from aprof._timeline.recorder import Gate, Request
+from aprof._timeline.recorder import Gate, Request, Tally
 from aprof.abc import CaptureTarget
 from aprof.ray._hub import WATCH_S, Answer, Call, Decision
 from aprof.ray._share import ShareHandle
@@ -101,6 +101,9 @@ class RemoteProfiler(Recording):
         self._asks: set[asyncio.Task[None]] = set()
         self._counts: dict[tuple[int, int], list[int]] = {}
         """Per (step, replica): admitted, gated, ungated, since the last report."""
+        self._tallies: dict[tuple[int, int], Tally] = {}
+        """Per (step, replica) known active: the requests the gate admitted itself (in C where
+        it is), since the last report."""
         self._sent_timeline: list[dict[str, object]] = []
         self._watching: asyncio.Task[None] | None = None
         self._closing: asyncio.Task[None] | None = None
@@ -280,9 +283,11 @@ class RemoteProfiler(Recording):
         finally:  # cancelled too (the loop closing): nobody is left waiting
             self._release(key, answer)
         if key[0] == self._view.step and version >= self._view.version:
-            self._known[key] = (
+            known = self._known[key] = (
                 None if answer is None else "active" if answer in ("active", "started") else "go"
             )
+            if known == "active":
+                self._gate.active[key[1]] = self._tally(key)
 
     def _release(self, key: tuple[int, int], answer: Answer | None) -> None:
         """Count the requests waiting for ``key`` as ``answer`` says and let them go."""
@@ -301,6 +306,12 @@ class RemoteProfiler(Recording):
         """Put on the timeline that requests of ``key`` went ungated from now on, and why."""
         step, replica = key
         self._timeline.add((SPAN, UNGATED, began, now_ns(), step, why, "replica", replica))
+
+    def _tally(self, key: tuple[int, int]) -> Tally:
+        tally = self._tallies.get(key)
+        if tally is None:
+            tally = self._tallies[key] = Tally()
+        return tally
 
     def _count(self, key: tuple[int, int], which: int) -> None:
         counts = self._counts.get(key)
@@ -344,6 +355,12 @@ class RemoteProfiler(Recording):
         self._view = view
         self._gate.step, self._gate.live = view.step, view.live
         self._known.clear()  # settled by an older view: the new one may differ (queued → starting)
+        active = self._gate.active
+        active.clear()
+        if view.live and view.step is not None:
+            for replica, phase in view.phases.items():
+                if phase == "active":  # admitted here without a call into Python
+                    active[replica] = self._tally((view.step, replica))
         if step_changed:
             self._timeline.flush()
         if view.closing:
@@ -360,6 +377,12 @@ class RemoteProfiler(Recording):
             )
 
     def _report(self) -> Report:
+        for key, tally in list(self._tallies.items()):
+            if tally.admitted:
+                self._counts.setdefault(key, [0, 0, 0])[0] += tally.admitted
+                tally.admitted = 0
+            if key[0] != self._view.step:  # its step is over: no request counts into it now
+                del self._tallies[key]
         counts, self._counts = self._counts, {}
         report = Report(
             counts=[Counts(s, r, *c) for (s, r), c in counts.items()],

@@ -650,3 +650,26 @@ async def test_failing_open_fails_the_window(make_config: MakeConfig) -> None:
         prof.manifest,
         [{"state": "failed", "error": "start failed: ConnectionRefusedError: connection refused"}],
     )
+
+
+async def test_an_active_window_counts_its_requests_until_asked_to_stop(
+    make_config: MakeConfig,
+) -> None:
+    """Requests while the window starts are gated, those while it is active captured (counted
+    by the gate, in C where it is), and none after the rollout ended."""
+    cfg = make_config(rollout={"forward_steps": None})
+    (target,) = replicas(1)
+    async with aprof.Profiler(cfg) as prof:
+        prof.add_target(target)
+        async with prof.step(1):
+            first = await generate(prof, target, 1)
+            active = [await generate(prof, target, 1) for _ in range(5)]
+            prof.rollout_ended()
+            later = await generate(prof, target, 1)
+    assert first.gated and first.captured
+    assert all(req.captured and not req.gated for req in active)
+    assert not later.captured and not later.gated
+    assert_windows(
+        prof.manifest,
+        [{"step": 1, "stop_reason": "rollout_end", "requests": {"admitted": 6, "gated": 1}}],
+    )

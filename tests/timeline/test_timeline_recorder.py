@@ -504,7 +504,7 @@ async def test_an_exception_in_the_body_is_the_note_and_is_not_swallowed(
         ("sync", error.__name__),
         ("async", error.__name__),
     ]
-    assert rec.open == set()
+    assert rec.open == []
 
 
 @both
@@ -593,7 +593,7 @@ def test_async_with_a_span_never_suspends_with_or_without_a_trace_function(
         ("failing", "Planned"),
         ("outer", None),
     ]
-    assert rec.open == set()
+    assert rec.open == []
 
 
 @both
@@ -1007,7 +1007,7 @@ async def test_a_request_ended_at_close_is_recorded_once(impl: Impl) -> None:
         2**40,
         [0, "left open", None, False, False, 0, 0, None, None, OPEN_AT_CLOSE],
     )
-    assert rec.open == set()
+    assert rec.open == []
 
 
 async def test_a_request_with_the_timeline_off_records_nothing(make_config: MakeConfig) -> None:
