@@ -8,8 +8,9 @@ A block's info string is ``LANG [run] [file=NAME] [setup=NAME]``:
   first on PATH.
 - ``yaml run`` / ``json run``: the block is loaded as a configuration (``aprof.load_config``).
 - ``file=NAME``: the block is written to NAME when reached, for the blocks after it.
-- ``setup=NAME``: the stand-ins of ``SETUPS[NAME]`` run first in the same interpreter: the
-  names a fragment uses without defining them (a target, a step count, a training step).
+- ``setup=NAME``: the stand-ins of ``SETUPS[NAME]`` (below, or ``tests/docs_setups/NAME.py``)
+  run first in the same interpreter: the names a fragment uses without defining them (a
+  target, a step count, a training step).
 
 The blocks of one page run in order in one temporary folder (the cwd), with the repository on
 PYTHONPATH and ``examples/`` linked in, so that a page reads as one session from a checkout.
@@ -114,6 +115,10 @@ with aprof.BlockingProfiler(cfg) as run:
             pass
 """,
 }
+# Longer stand-ins live in docs_setups/, one file each, named for the setup.
+SETUPS.update(
+    {f.stem: f.read_text() for f in sorted((REPO / "tests" / "docs_setups").glob("*.py"))}
+)
 
 
 @dataclass
