@@ -12,7 +12,6 @@ import os
 import socket
 import time
 from collections import deque
-from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import TYPE_CHECKING, Final, Literal
 
@@ -31,6 +30,7 @@ from aprof._control import (
 )
 from aprof._control.folder import FolderRead
 from aprof._control.status import MAX_LISTED, RECENT_WINDOWS
+from aprof._core.disk_guard import DiskGuard
 from aprof._core.plan import Plan
 from aprof._core.triggers import SlowTrigger
 from aprof._core.window_machine import Phase, WindowRun
@@ -65,7 +65,7 @@ class Control:
         run_id: str,
         disk: Executor,
         windows: Windows,
-        disk_error: Callable[[], str | None],
+        guard: DiskGuard,
         log: structlog.typing.FilteringBoundLogger,
     ) -> None:
         self._config = config
@@ -76,7 +76,7 @@ class Control:
         self._disk = disk
         self._windows = windows
         windows.listen(self._window_moved)
-        self._disk_error = disk_error
+        self._guard = guard
         self._note = windows.note
         self._log = log
         self._host = socket.gethostname()
@@ -320,7 +320,7 @@ class Control:
     def status(self) -> RunStatus:
         """The run as ``aprof status`` shows it."""
         problems = list(self._problems)
-        error = self._disk_error()
+        error = self._guard.error
         if error is not None:
             problems.append(f"no capture starts: the manifest cannot be written ({error})")
         triggers = [t.status() for t in (self.slow_step, self.slow_rollout) if t is not None]

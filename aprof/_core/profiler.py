@@ -130,7 +130,7 @@ class Profiler(Recording):
             run_id=self.run_id,
             disk=self._disk,
             windows=self._windows,
-            disk_error=lambda: self._guard.error,
+            guard=self._guard,
             log=log,
         )
         self._colocation = Colocation(cfg, self._targets, self._windows)
