@@ -96,6 +96,16 @@ class OutputLayout:
         os.close(open_folder(str(self.root), self.parts(path), create=True))
         return path
 
+    def remove_empty_dir(self, path: Path) -> None:
+        """Remove the folder ``path`` below the root if it is empty, following no link;
+        ``OSError`` if it is not there, not empty or not safe to reach."""
+        *folders, name = self.parts(path)
+        parent = open_folder(str(self.root), folders, create=False)
+        try:
+            os.rmdir(name, dir_fd=parent)
+        finally:
+            os.close(parent)
+
     def write(self, path: Path, data: bytes, *, keep_previous: bool = False) -> None:
         """Replace the file ``path`` below the root atomically with ``data``, making its
         folders (with ``keep_previous``, a file there is first renamed aside, named for its

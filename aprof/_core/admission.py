@@ -116,7 +116,9 @@ class Admission:
         """An active window of the open step counts its requests in the gate (C), until it
         is asked to stop."""
         replica = run.window.replica
-        if replica is None or self.windows.get(replica) is not run:
+        if replica is None or run.window.step != self.gate.step:
+            return
+        if self.windows.get(replica, run) is not run:  # not yet there: it starts as it opens
             return
         if phase is Phase.ACTIVE and run.stop_task is None:
             self.gate.active[replica] = run.tally
@@ -130,9 +132,13 @@ class Admission:
         run = self.windows.get(req.replica)
         if run is None and self._on_first_request:
             run = self.window_of(req.replica)
-        if run is None or not run.admit(req):
+        if run is None:
             return None
-        return self._after_start(req, run)
+        if run.admit(req):
+            return self._after_start(req, run)
+        if run.phase.final:  # its start ended already, as this request opened it (eager.py)
+            self._windows.raise_if_strict([run])
+        return None
 
     async def _after_start(self, req: Request, run: WindowRun) -> Request:
         try:

@@ -115,6 +115,8 @@ class Steps:
         cfg = self._config
         try:
             await self._guard.recheck(cfg.timeouts.connect_s)  # has the disk come back?
+            if cfg.rollout.start == "on_first_request":
+                await self._prepare(n, scope)
             roles: list[WindowRun] = []
             for name, claim in scope.roles.items():
                 if name in self._roles:
@@ -144,6 +146,13 @@ class Steps:
         except BaseException as exc:
             await self.leave(n, exc)
             raise
+
+    async def _prepare(self, n: int, scope: Scope) -> None:
+        """Make the folders of step ``n``'s rollout windows ahead (bounded): a window opened
+        by a request starts inside that request, where the disk is not waited for."""
+        machines = [self._targets.by_replica.get(r) for r in scope.replicas]
+        making = {asyncio.ensure_future(m.prepare(n)) for m in machines if m is not None}
+        await wait(making, self._config.timeouts.connect_s)
 
     async def leave(self, n: int, exc: BaseException | None) -> None:
         """Close step ``n`` (ended by ``exc``, if it raised) and the windows that end with it;
@@ -181,6 +190,8 @@ class Steps:
         if self.current == n:  # else the profiler's close ended it already
             self._timeline.step(n, self._profiled, self._began)
         rollouts = self._admission.end(n, reason)
+        for machine in self._targets.by_replica.values():
+            machine.unprepare()
         self._colocation.rollout_over(n)
         roles: list[WindowRun] = []
         for name, run in list(self._roles.items()):

@@ -9,6 +9,7 @@ record are :class:`~aprof._core.window_machine.WindowRun`'s (``window_machine.py
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 
 from aprof._capture import CaptureResult, CountSource, WorkerTimeline
 from aprof._config import LimitsConfig, TimeoutsConfig
+from aprof._core.eager import start_task
 from aprof._core.window_machine import Captured, Phase, WindowRun
 from aprof._errors import describe
 from aprof._layout import OutputLayout, size_of
@@ -68,6 +70,8 @@ class TargetMachine:
         self._timeouts = timeouts
         self._limits = limits
         self._previous: WindowRun | None = None
+        self._prepared: Path | None = None
+        """The folder made ahead for the window of the open step (:meth:`prepare`)."""
         self.opened = False
         """The target's resources are held (see ``ManagedTarget``)."""
 
@@ -87,11 +91,16 @@ class TargetMachine:
         waiting_for = previous.released if previous is not None else None
         if waiting_for is not None and waiting_for.is_set():
             waiting_for = None
+        name = f"aprof-start-{run.window.prefix}"
         if waiting_for is None and gate is None:
             run.begin_start()
-        run.start_task = asyncio.get_running_loop().create_task(
-            self._start(run, waiting_for, gate), name=f"aprof-start-{run.window.prefix}"
-        )
+            # Begun here, inside the request that opened the window: as a task of its own it
+            # would wait for every task already ready, a whole wave of agent loops (eager.py).
+            run.start_task = start_task(self._start(run, None, None), name=name)
+        else:
+            run.start_task = asyncio.get_running_loop().create_task(
+                self._start(run, waiting_for, gate), name=name
+            )
 
     def close(self, run: WindowRun, reason: StopReason) -> asyncio.Task[None]:
         """Ask ``run`` to end for ``reason``; idempotent, returns the task that ends it."""
@@ -103,6 +112,8 @@ class TargetMachine:
         return run.stop_task
 
     async def _start(self, run: WindowRun, after: asyncio.Event | None, gate: Gate | None) -> None:
+        # Known before the first step of a start begun at once ends, as after any other.
+        run.start_task = asyncio.current_task()
         try:
             if after is not None:
                 await after.wait()  # bounded: the previous stop has its own timeout
@@ -129,12 +140,15 @@ class TargetMachine:
             try:
                 async with asyncio.timeout(self._timeouts.start_s):
                     folder = run.window.dir
-                    try:  # off the event loop: a slow disk must not hold it
-                        await self._on_disk(self._layout.make_dir, folder)
-                    except OSError as exc:
-                        why = f"cannot create {folder}: {exc.strerror or exc}"
-                        self._fail_start(run, Phase.FAILED, why)
-                        return
+                    if folder == self._prepared:
+                        self._prepared = None  # made at the step's entry
+                    else:
+                        try:  # off the event loop: a slow disk must not hold it
+                            await self._on_disk(self._layout.make_dir, folder)
+                        except OSError as exc:
+                            why = f"cannot create {folder}: {exc.strerror or exc}"
+                            self._fail_start(run, Phase.FAILED, why)
+                            return
                     await self._ensure_open()
                     await self.target.start(run.window)
             except TimeoutError:
@@ -148,11 +162,35 @@ class TargetMachine:
             bounded = run.window.forward_steps is not None
             run.activate(("aprof" if self.polls else "server") if bounded else None)
             if (self.polls or bounded) and run.stop_task is None:
-                run.poll_task = asyncio.get_running_loop().create_task(
-                    self._poll(run), name=f"aprof-poll-{run.window.prefix}"
-                )
+                # Its first counter reading begun now: the baseline is the count as the
+                # capture became active, before the requests it lets go run.
+                run.poll_task = start_task(self._poll(run), name=f"aprof-poll-{run.window.prefix}")
         finally:
             run.started.set()
+
+    async def prepare(self, step: int) -> None:
+        """Make the folder of this rollout target's window of ``step`` (the step now
+        entered) ahead, so that a start begun inside a request does not wait for the disk; a
+        failure is left to the start, which tries again."""
+        assert self.target.replica is not None
+        folder = self._layout.rollout_dir(step, self.target.replica)
+        with contextlib.suppress(OSError):
+            await self._on_disk(self._layout.make_dir, folder)
+            if not self._uses(folder):  # else a start came first and made it itself
+                self._prepared = folder
+
+    def unprepare(self) -> None:
+        """The step is over: its folder made ahead goes if no window used it (and it is empty)."""
+        folder, self._prepared = self._prepared, None
+        if folder is not None and not self._uses(folder):
+            self._disk.submit(self._remove_empty, folder)
+
+    def _uses(self, folder: Path) -> bool:
+        return self._previous is not None and self._previous.window.dir == folder
+
+    def _remove_empty(self, folder: Path) -> None:
+        with contextlib.suppress(OSError):  # used meanwhile, or gone: nothing to tidy
+            self._layout.remove_empty_dir(folder)
 
     async def _ensure_open(self) -> None:
         # Windows of one target never start concurrently, so a flag is enough.

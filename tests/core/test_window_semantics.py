@@ -98,7 +98,7 @@ async def test_server_enforced_window_ends_when_the_server_stops_it(
                 "step": 1,
                 "state": "done",
                 "stop_reason": "auto_stop",
-                "requests": {"admitted": 1, "gated": 1},
+                "requests": {"admitted": 1, "gated": 0},
                 "forward_steps": {
                     "delay": 2,
                     "requested": 4,
@@ -215,7 +215,8 @@ async def test_start_failure_costs_only_its_window(make_config: MakeConfig) -> N
         async with prof.step(1):
             failed = await generate(prof, bad, 1)
             ok = await generate(prof, good, 1)
-    assert failed.gated and not failed.captured and ok.captured
+    # Its start failed at once, inside the request that opened it: nothing to wait for.
+    assert not failed.gated and not failed.captured and ok.captured
     assert bad.stops == []
     assert_windows(
         prof.manifest,
@@ -658,7 +659,7 @@ async def test_an_active_window_counts_its_requests_until_asked_to_stop(
     """Requests while the window starts are gated, those while it is active captured (counted
     by the gate, in C where it is), and none after the rollout ended."""
     cfg = make_config(rollout={"forward_steps": None})
-    (target,) = replicas(1)
+    (target,) = replicas(1, start_latency=0.001)  # a start that waits, as a server's does
     async with aprof.Profiler(cfg) as prof:
         prof.add_target(target)
         async with prof.step(1):
@@ -673,3 +674,19 @@ async def test_an_active_window_counts_its_requests_until_asked_to_stop(
         prof.manifest,
         [{"step": 1, "stop_reason": "rollout_end", "requests": {"admitted": 6, "gated": 1}}],
     )
+
+
+async def test_a_start_that_needs_no_wait_lets_the_first_request_go_captured(
+    make_config: MakeConfig,
+) -> None:
+    """The first request begins its window's start at once, in its own step (eager.py): a
+    start that completes without waiting leaves nothing to gate, even with thousands of
+    requests arriving in the same pass of the event loop."""
+    (target,) = replicas(1)
+    async with aprof.Profiler(make_config(rollout={"forward_steps": None})) as prof:
+        prof.add_target(target)
+        async with prof.step(1):
+            reqs = await asyncio.gather(*(generate(prof, target, 0) for _ in range(2000)))
+    assert all(req.captured and not req.gated for req in reqs)
+    assert_windows(prof.manifest, [{"step": 1, "requests": {"admitted": 2000, "gated": 0}}])
+    assert prof.manifest.window(1, "replica_0").started_ns is not None  # type: ignore[union-attr]

@@ -1045,7 +1045,8 @@ async def test_a_gated_request_whose_capture_fails_in_strict_mode_ends_once(
 ) -> None:
     """The awaitable ``_admit`` returns fails (``strict``: the start failed): the request is
     recorded once, gated, with the error's type as its note, and left open nowhere."""
-    target = RecordingTarget("replica_0", replica=0, fail_start=True)
+    # A start that waits (as a server's does), so that the request waits for it.
+    target = RecordingTarget("replica_0", replica=0, fail_start=True, start_latency=0.001)
     async with aprof.Profiler(make_config(strict=True)) as prof:
         prof.add_target(target)
         assert prof._timeline.recorder is not None
