@@ -98,7 +98,7 @@ import aprof
 num_steps = 2
 config = cfg = aprof.load_config({"global_profiler": {"steps": [1, 2], "save_path": "out"}})
 directory = Path("out/tool")
-directory.mkdir(parents=True)
+directory.mkdir(parents=True, exist_ok=True)
 """,
     "run": """
 from pathlib import Path
