@@ -115,8 +115,6 @@ class Steps:
         cfg = self._config
         try:
             await self._guard.recheck(cfg.timeouts.connect_s)  # has the disk come back?
-            if cfg.rollout.start == "on_first_request":
-                await self._prepare(n, scope)
             roles: list[WindowRun] = []
             for name, claim in scope.roles.items():
                 if name in self._roles:
@@ -135,6 +133,8 @@ class Steps:
                 if scope.replicas
                 else []
             )
+            if scope.replicas and cfg.rollout.start == "on_first_request":
+                await self._prepare(n, scope)  # a request meanwhile makes its folder itself
             # A role window must see its step from the beginning, so the step waits for it,
             # behind the target's previous stop if need be; rollout windows gate requests instead.
             await wait({r.start_task for r in roles if r.start_task}, self._windows.bound())
