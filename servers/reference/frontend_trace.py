@@ -27,6 +27,14 @@ class FrontendTrace:
     def record(self, seq: Sequence) -> None:
         """Add the span of a finished (or dropped) request."""
         end_ns = seq.finished_ns or seq.arrival_ns
+        self._add(seq, end_ns, {"output_tokens": len(seq.output)})
+
+    def in_flight(self, seqs: list[Sequence], stop_ns: int) -> None:
+        """Add the spans, up to ``stop_ns``, of the requests still being served at the stop."""
+        for seq in seqs:
+            self._add(seq, stop_ns, {"in_flight": True})
+
+    def _add(self, seq: Sequence, end_ns: int, args: dict[str, object]) -> None:
         self.events.append(
             {
                 "name": f"request {seq.id}",
@@ -36,25 +44,9 @@ class FrontendTrace:
                 "tid": 0,
                 "ts": seq.arrival_ns / 1000,
                 "dur": max(end_ns - seq.arrival_ns, 0) / 1000,
-                "args": {"prompt_tokens": len(seq.prompt), "output_tokens": len(seq.output)},
+                "args": {"prompt_tokens": len(seq.prompt), **args},
             }
         )
-
-    def in_flight(self, seqs: list[Sequence], stop_ns: int) -> None:
-        """Add the spans, up to ``stop_ns``, of the requests still being served at the stop."""
-        for seq in seqs:
-            self.events.append(
-                {
-                    "name": f"request {seq.id}",
-                    "cat": "frontend",
-                    "ph": "X",
-                    "pid": os.getpid(),
-                    "tid": 0,
-                    "ts": seq.arrival_ns / 1000,
-                    "dur": max(stop_ns - seq.arrival_ns, 0) / 1000,
-                    "args": {"prompt_tokens": len(seq.prompt), "in_flight": True},
-                }
-            )
 
     def write(self, path: Path) -> Path:
         """Write the spans as a gzip Chrome trace (complete or not at all) and return ``path``."""
