@@ -72,7 +72,6 @@ class Admission:
         each selected replica no request reached; returns those closed."""
         closed = self.end_rollout(reason)
         self.windows = {}
-        self.gate.active.clear()
         self.gate.live = False
         self.gate.step = None
         return closed

@@ -107,17 +107,24 @@ ready_send(Ready *self, PyObject *arg, PyObject **result)
     return PYGEN_RETURN;
 }
 
-/* The iterator protocol's form of the same, which `await` uses while a trace function is
-   set (a debugger, coverage). */
+/* NULL with StopIteration(value) set: an iterator's end that returns `value`. */
 static PyObject *
-ready_next(Ready *self)
+stop_with(PyObject *value)
 {
-    PyObject *stop = PyObject_CallOneArg(PyExc_StopIteration, self->value);
+    PyObject *stop = PyObject_CallOneArg(PyExc_StopIteration, value);
     if (stop != NULL) {
         PyErr_SetObject(PyExc_StopIteration, stop);
         Py_DECREF(stop);
     }
     return NULL;
+}
+
+/* The iterator protocol's form of the same, which `await` uses while a trace function is
+   set (a debugger, coverage). */
+static PyObject *
+ready_next(Ready *self)
+{
+    return stop_with(self->value);
 }
 
 static PyAsyncMethods ready_async = {
@@ -1433,12 +1440,7 @@ request_next(Request *self)
         return NULL;
     }
     self->entering = 0;
-    PyObject *stop = PyObject_CallOneArg(PyExc_StopIteration, (PyObject *)self);
-    if (stop != NULL) {
-        PyErr_SetObject(PyExc_StopIteration, stop);
-        Py_DECREF(stop);
-    }
-    return NULL;
+    return stop_with((PyObject *)self);
 }
 
 static PyAsyncMethods request_async = {

@@ -237,13 +237,13 @@ class RemoteProfiler(Recording):
         key, phase = (step, req.replica), view.phases.get(req.replica)
         known = self._known.get(key, "") if phase in _ASKING else ""
         if phase == "active" or known == "active":  # the fast path: no round trip
-            self._count(key, 0)
+            self._tally(key).admitted += 1  # as the gate counts it, for a replica not an int
             req.captured = True
             return None
         if phase not in _ASKING or known == "go":
             return None
         if known is None:  # the driver did not answer this step's ask in time
-            self._count(key, 2)
+            self._counts.setdefault(key, [0, 0, 0])[2] += 1
             return None
         return self._wait_for_ask(req, key)
 
@@ -312,12 +312,6 @@ class RemoteProfiler(Recording):
         if tally is None:
             tally = self._tallies[key] = Tally()
         return tally
-
-    def _count(self, key: tuple[int, int], which: int) -> None:
-        counts = self._counts.get(key)
-        if counts is None:
-            counts = self._counts[key] = [0, 0, 0]
-        counts[which] += 1
 
     # -- keeping up with the driver -------------------------------------------------------------
 
