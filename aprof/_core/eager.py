@@ -73,15 +73,17 @@ def start_task(coro: Coroutine[Any, Any, _T], *, name: str) -> asyncio.Task[_T]:
     current = asyncio.current_task(loop)
     if current is not None:
         _leave(loop, current)
-    _enter(loop, task)
-    try:
-        begun._first = ("yield", context.run(coro.send, None))
-    except StopIteration as stop:
-        begun._first = ("return", stop.value)
-    except BaseException as exc:  # the task's outcome, as if its own step had raised it
-        begun._first = ("raise", exc)
+    try:  # the caller's task is its loop's current one again, whatever happens here
+        _enter(loop, task)
+        try:
+            begun._first = ("yield", context.run(coro.send, None))
+        except StopIteration as stop:
+            begun._first = ("return", stop.value)
+        except BaseException as exc:  # the task's outcome, as if its own step had raised it
+            begun._first = ("raise", exc)
+        finally:
+            _leave(loop, task)
     finally:
-        _leave(loop, task)
         if current is not None:
             _enter(loop, current)
     return task

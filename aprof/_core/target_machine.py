@@ -183,7 +183,8 @@ class TargetMachine:
         """The step is over: its folder made ahead goes if no window used it (and it is empty)."""
         folder, self._prepared = self._prepared, None
         if folder is not None and not self._uses(folder):
-            self._disk.submit(self._remove_empty, folder)
+            with contextlib.suppress(RuntimeError):  # the profiler closed: nothing to tidy
+                self._disk.submit(self._remove_empty, folder)
 
     def _uses(self, folder: Path) -> bool:
         return self._previous is not None and self._previous.window.dir == folder
