@@ -59,7 +59,9 @@ def profiler(tmp_path: Path) -> tuple[aprof.Profiler, list[RecordingTarget]]:
         "rollout": {"replicas": "all", "start": "on_first_request"},
     }
     prof = aprof.Profiler(cfg)
-    targets = [RecordingTarget(f"replica_{r}", replica=r) for r in range(2)]
+    # A start that takes a little time, as a server's does: the request that opens a window
+    # waits for it (a start that needs no wait is over before that request goes on).
+    targets = [RecordingTarget(f"replica_{r}", replica=r, start_latency=0.01) for r in range(2)]
     for target in targets:
         prof.add_target(target)
     return prof, targets
