@@ -4,6 +4,7 @@ records through the driver's."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import os
 from collections.abc import Awaitable, Callable, Sequence
@@ -25,6 +26,10 @@ from aprof.ray._share import ShareHandle
 
 _ASKING = ("due", "starting")
 """Phases in which a process asks the driver before its first request goes."""
+_UNKNOWN: tuple[str | None, int] = ("", -1)
+"""What :attr:`RemoteProfiler._known` holds for a window no ask has settled."""
+_KNOWN: dict[Answer, str] = {"active": "active", "started": "active", "failed": "go", "go": "go"}
+"""What an answer says of the step's later requests: admit them locally, or let them go."""
 JOIN_S = 60.0
 """How long ``connect`` waits for the hub: workers are often made together with the hub,
 which, like any Ray actor, may take seconds to start on a busy node."""
@@ -72,7 +77,10 @@ class RemoteProfiler(Recording):
 
     A request's first to a replica in a step asks the driver (one round trip, shared by the
     requests that come meanwhile); after that, its requests to that replica in that step are
-    admitted locally. Counts and timeline files reach the driver with the next watch.
+    admitted locally. A request that would wait first reads what Ray has already delivered
+    and the event loop has not run yet (the ask's answer, a newer view): in a busy loop the
+    rest of a wave of requests goes ahead once the answer is here, not after the wave. Counts
+    and timeline files reach the driver with the next watch.
     """
 
     def __init__(
@@ -92,12 +100,16 @@ class RemoteProfiler(Recording):
         self._gate = Gate(self._admit)
         self._gate.trace_salt = handle.trace_salt
         self._view = RolloutView(-1, None, False, {})
-        self._known: dict[tuple[int, int], str | None] = {}
-        """What asks settled since the view last changed: ``active`` (admit locally) or
-        ``go`` (let go uncounted); ``None``: the driver did not answer in time, the rest go
-        ungated."""
+        self._known: dict[tuple[int, int], tuple[str | None, int]] = {}
+        """What asks settled, with the version of the view the answer was read from (one
+        no older than the view held): ``active`` (admit locally) or ``go`` (let go
+        uncounted); ``None``: the driver did not answer in time, the rest go ungated."""
         self._waiting: dict[tuple[int, int], list[tuple[Request, asyncio.Future[Request]]]] = {}
         """The requests waiting for each ask that is out."""
+        self._answers: dict[tuple[int, int], concurrent.futures.Future[Any]] = {}
+        """Each ask that is out, as Ray delivers its answer (from its own thread)."""
+        self._heard: concurrent.futures.Future[Any] | None = None
+        """The watch in flight, as Ray delivers the view it returns."""
         self._asks: set[asyncio.Task[None]] = set()
         self._counts: dict[tuple[int, int], list[int]] = {}
         """Per (step, replica): admitted, gated, ungated, since the last report."""
@@ -235,7 +247,9 @@ class RemoteProfiler(Recording):
         if step is None or step != view.step:  # the gate is live only within a step
             return None
         key, phase = (step, req.replica), view.phases.get(req.replica)
-        known = self._known.get(key, "") if phase in _ASKING else ""
+        known = self._known.get(key, _UNKNOWN)[0] if phase in _ASKING else ""
+        if phase in _ASKING and known == "" and self._caught_up(key):
+            return self._admit(req)  # news that settles it (each is taken once)
         if phase == "active" or known == "active":  # the fast path: no round trip
             self._tally(key).admitted += 1  # as the gate counts it, for a replica not an int
             req.captured = True
@@ -256,7 +270,9 @@ class RemoteProfiler(Recording):
             waiting = self._waiting[key] = []
             # Sent now, not when the task first runs: that is after every coroutine already
             # scheduled has come to this gate.
-            sent = None if self._gone is not None else self._hub.ask.remote(*key)
+            sent = None
+            if self._gone is None:
+                sent = self._answers[key] = self._hub.ask.remote(*key).future()
             asking = loop.create_task(self._ask(key, sent))
             self._asks.add(asking)
             asking.add_done_callback(self._asks.discard)
@@ -265,15 +281,16 @@ class RemoteProfiler(Recording):
         waiting.append((req, answered))
         return answered
 
-    async def _ask(self, key: tuple[int, int], sent: Any) -> None:
+    async def _ask(self, key: tuple[int, int], sent: concurrent.futures.Future[Any] | None) -> None:
         """Wait for the driver's answer for ``key`` (asked by the hub call ``sent``), at
-        most ``timeouts.start_s``, and let the requests waiting for it go."""
+        most ``timeouts.start_s``, and let the requests waiting for it go, unless a request
+        took the answer first (:meth:`_caught_up`)."""
         answer: Answer | None = None
         version, began = self._view.version, now_ns()
         try:
             if sent is not None:
                 async with asyncio.timeout(self.config.timeouts.start_s):
-                    answer, version = await sent
+                    answer, version = await asyncio.wrap_future(sent)
         except TimeoutError:
             logger.warning("driver did not answer in time", process=self.name, step=key[0])
             self._mark(began, key, "no answer within timeouts.start_s")
@@ -281,13 +298,35 @@ class RemoteProfiler(Recording):
             self._lost(exc)
             self._mark(began, key, f"hub gone: {self._gone}")
         finally:  # cancelled too (the loop closing): nobody is left waiting
-            self._release(key, answer)
+            self._settle(key, answer, version)
+
+    def _caught_up(self, key: tuple[int, int]) -> bool:
+        """Take what Ray has delivered and the event loop has not run yet: the answer to
+        the ask for ``key``, a newer view. Whether either changed what this process knows."""
+        news = False
+        heard = self._heard
+        if heard is not None and heard.done() and not heard.cancelled() and not heard.exception():
+            self._heard = None  # the watch applies it again as it resumes: a no-op then
+            news = self._apply(heard.result())
+        sent = self._answers.get(key)
+        if sent is not None and sent.done() and not sent.cancelled() and not sent.exception():
+            answer, version = sent.result()
+            news = self._settle(key, answer, version) or news
+        return news
+
+    def _settle(self, key: tuple[int, int], answer: Answer | None, version: int) -> bool:
+        """The ask for ``key`` is answered (``None``: not in time): let its requests go and
+        keep what it says for the rest of the step; ``False`` if it was settled already."""
+        self._answers.pop(key, None)
+        if key not in self._waiting:
+            return False
+        self._release(key, answer)
         if key[0] == self._view.step and version >= self._view.version:
-            known = self._known[key] = (
-                None if answer is None else "active" if answer in ("active", "started") else "go"
-            )
+            known = None if answer is None else _KNOWN[answer]
+            self._known[key] = (known, version)
             if known == "active":
                 self._gate.active[key[1]] = self._tally(key)
+        return True
 
     def _release(self, key: tuple[int, int], answer: Answer | None) -> None:
         """Count the requests waiting for ``key`` as ``answer`` says and let them go."""
@@ -331,8 +370,11 @@ class RemoteProfiler(Recording):
         while True:
             report = self._report()
             try:
+                heard = self._heard = self._hub.watch.remote(
+                    self.name, self._view.version, report
+                ).future()
                 async with asyncio.timeout(limit):
-                    view = await self._hub.watch.remote(self.name, self._view.version, report)
+                    view = await asyncio.wrap_future(heard)
             except TimeoutError:  # slow, not gone: the next watch carries the next report
                 continue
             except Exception as exc:
@@ -342,23 +384,34 @@ class RemoteProfiler(Recording):
             if view.closing:  # its close is under way: nothing more to hear
                 return
 
-    def _apply(self, view: RolloutView) -> None:
+    def _apply(self, view: RolloutView) -> bool:
+        """Take ``view`` unless it is not newer than the one held; whether it was."""
         if view.version <= self._view.version:
-            return
+            return False
         step_changed = view.step != self._view.step
         self._view = view
         self._gate.step, self._gate.live = view.step, view.live
-        self._known.clear()  # settled by an older view: the new one may differ (queued → starting)
+        # What an older view's answers said may differ now (queued → starting); a newer
+        # answer stands (the view may come after it).
+        self._known = {
+            key: known
+            for key, known in self._known.items()
+            if key[0] == view.step and known[1] >= view.version
+        }
         active = self._gate.active
         active.clear()
         if view.live and view.step is not None:
             for replica, phase in view.phases.items():
                 if phase == "active":  # admitted here without a call into Python
                     active[replica] = self._tally((view.step, replica))
+            for (_, replica), (known, _) in self._known.items():
+                if known == "active":
+                    active[replica] = self._tally((view.step, replica))
         if step_changed:
             self._timeline.flush()
         if view.closing:
             self._close_soon()
+        return True
 
     def _close_soon(self) -> None:
         """Close as the driver's profiler closes: in a task of its own, not in the watch,

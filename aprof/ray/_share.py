@@ -110,6 +110,8 @@ class _DriverLink:
         self.cluster = Cluster(serving, Path(handle.save_path), handle.run_id)
         self._reported: set[str] = set()
         """Processes heard from: a new one's node has its clock measured."""
+        self._publishing: asyncio.Handle | None = None
+        """The view's publication, due at the end of this turn of the event loop."""
 
     @classmethod
     def started(cls, serving: Serving, handle: ShareHandle) -> _DriverLink:
@@ -123,11 +125,29 @@ class _DriverLink:
         return link
 
     def changed(self) -> None:
+        """Publish the view as this turn of the event loop ends: what one turn changes (a
+        window opened and started at once, the windows one pull's mail opened) reaches the
+        processes as one view, not as a first view they act on and a second that comes
+        only after their own busy turn."""
+        if self._gone is None and self._publishing is None:
+            self._publishing = asyncio.get_running_loop().call_soon(self._publish)
+
+    def _publish_now(self) -> None:
+        """Publish the view now if a change waits for it (before a call that needs the
+        hub to have it)."""
+        if self._publishing is not None:
+            self._publishing.cancel()
+            self._publish()
+
+    def _publish(self) -> None:
+        self._publishing = None
         if self._gone is not None:
             return
         view = self.serving.view(self._view.version + 1)
         if self._closing:  # a later view must not take back the close
             view = view._replace(closing=True)
+        if view[1:] == self._view[1:]:  # the same as the last: nobody need hear it again
+            return
         self._view = view
         # Not awaited: the hub takes views in version order whatever order they arrive in.
         try:
@@ -140,6 +160,7 @@ class _DriverLink:
             self.cluster.measure_soon()
         if self._gone is not None:
             return
+        self._publish_now()
         try:
             async with asyncio.timeout(self.serving.config.timeouts.connect_s + 1.0):
                 late: list[str] = await self.handle.hub.entered.remote(self._view)
@@ -175,6 +196,18 @@ class _DriverLink:
     def _deliver(self, mails: list[Mail]) -> Any:
         """Act on ``mails``, here in the profiler's event loop; returns the hub call that
         carries the decisions on their calls (``None`` when they have none)."""
+        decisions = self._take(mails)
+        self._publish_now()  # what they changed, before the decisions on them
+        if not decisions:
+            return None
+        try:  # not awaited: the pull goes on; a process that gave up meanwhile has its error
+            return self.handle.hub.decided.remote(decisions)
+        except Exception as exc:
+            self._lost(exc)
+            return None
+
+    def _take(self, mails: list[Mail]) -> dict[int, Decision]:
+        """Open the windows asked for, add the reports, decide the calls."""
         decisions: dict[int, Decision] = {}
         for mail in mails:
             if mail.number <= self._taken:
@@ -193,13 +226,7 @@ class _DriverLink:
                     self._closed.add(name)
             decisions.update((number, self._decide(call)) for number, call in mail.calls.items())
             self._taken = mail.number
-        if not decisions:
-            return None
-        try:  # not awaited: the pull goes on; a process that gave up meanwhile has its error
-            return self.handle.hub.decided.remote(decisions)
-        except Exception as exc:
-            self._lost(exc)
-            return None
+        return decisions
 
     def _decide(self, call: Call) -> Decision:
         """The driver's decision on another process's call: the profiler's own, as
@@ -270,6 +297,7 @@ class _DriverLink:
         for each that watches to close its remote profiler (those that do not are noted)."""
         connect_s = self.serving.config.timeouts.connect_s
         self.changed()  # a closing view: each process's watch returns with it at once
+        self._publish_now()
         try:
             async with asyncio.timeout(connect_s + 1.0):
                 await self.handle.hub.closed.remote(connect_s)

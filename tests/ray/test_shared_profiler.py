@@ -8,6 +8,7 @@ concurrent requests through ``aprof.ray.connect``'s remote profiler.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import gzip
 import json
 import threading
@@ -127,6 +128,41 @@ class BlockableWorker(LoopWorker):
 
 
 Blockable = ray.remote(concurrency_groups={"control": 2})(BlockableWorker)
+
+
+class CatchingWorker(BlockableWorker):
+    """A worker that holds its event loop until Ray has delivered some news from the hub and
+    then, before the loop has run what came with it, enters one more request: as a wave of
+    requests in a busy loop would (private attributes read only to know the news is here)."""
+
+    async def enter_once_answered(self, replica: int) -> tuple[bool, bool, bool]:
+        """Once the answer to this process's ask (a held request's) is here."""
+        self.blocked.set()
+        concurrent.futures.wait(list(self.remote._answers.values()), timeout=LIMIT_S)
+        return await _enter_at_once(self.remote.request(replica=replica))
+
+    async def enter_once_heard(self, replica: int) -> tuple[bool, bool, bool]:
+        """Once the view the watch in flight returns is here."""
+        self.blocked.set()
+        heard = self.remote._heard
+        assert heard is not None
+        concurrent.futures.wait([heard], timeout=LIMIT_S)
+        return await _enter_at_once(self.remote.request(replica=replica))
+
+
+Catching = ray.remote(concurrency_groups={"control": 2})(CatchingWorker)
+
+
+async def _enter_at_once(req: Any) -> tuple[bool, bool, bool]:
+    """Enter ``req`` without letting the event loop run: whether it went ahead at once (it
+    waited for nothing), gated, captured; then end it."""
+    entering = req.__aenter__().__await__()
+    try:
+        next(entering)
+    except StopIteration:
+        await req.__aexit__(None, None, None)
+        return True, req.gated, req.captured
+    return False, req.gated, req.captured  # it waits for an answer: the test fails on this
 
 
 def _workers(handle: aprof.ray.ShareHandle, n: int) -> list[Any]:
@@ -287,6 +323,60 @@ async def test_the_fast_path_needs_neither_the_driver_nor_a_round_trip(
         await worker.close.remote()
     assert {(s.step, s.gated, s.captured) for s in fast} == {(1, False, True)}
     assert_windows(prof.manifest, [{"step": 1, "state": "done", "requests.admitted": 201}])
+
+
+async def test_a_request_takes_the_answer_ray_delivered_before_the_loop_ran_it(
+    make_config: MakeConfig,
+) -> None:
+    """The rest of a wave goes ahead once the ask's answer is in the process, not when the
+    busy event loop gets to it: gated are those that came while the window started."""
+    starts = asyncio.Event()
+    target = RecordingTarget("replica_0", replica=0, start_gate=starts)
+    cfg = make_config(
+        global_profiler={"steps": [1]}, rollout={"forward_steps": None}, timeouts={"connect_s": 30}
+    )
+    async with asyncio.timeout(LIMIT_S), aprof.Profiler(cfg) as prof:
+        prof.add_target(target)
+        worker = Catching.remote(aprof.ray.share(prof), 0)
+        await _joined([worker])
+        async with prof.step(1):
+            await worker.hold.remote(1, 1)  # asks; the window starts, held
+            await target.wait_calls("start")
+            entered = worker.enter_once_answered.remote(0)
+            assert await worker.wait_blocked.remote()
+            starts.set()
+            went, gated, captured = await entered
+            [held] = await worker.finish.remote()
+        await worker.close.remote()
+    assert (went, gated, captured) == (True, False, True)
+    assert (held.gated, held.captured) == (True, True)
+    assert_windows(
+        prof.manifest, [{"step": 1, "state": "done", "requests.admitted": 2, "requests.gated": 1}]
+    )
+
+
+async def test_a_request_takes_the_view_ray_delivered_before_the_loop_ran_it(
+    make_config: MakeConfig,
+) -> None:
+    """A process whose loop is busy as another opens a window learns it from the view Ray
+    has delivered: its first request to it asks nobody."""
+    target = RecordingTarget("replica_0", replica=0)
+    cfg = make_config(
+        global_profiler={"steps": [1]}, rollout={"forward_steps": None}, timeouts={"connect_s": 30}
+    )
+    async with asyncio.timeout(LIMIT_S), aprof.Profiler(cfg) as prof:
+        prof.add_target(target)
+        worker = Catching.remote(aprof.ray.share(prof), 0)
+        await _joined([worker])
+        async with prof.step(1):
+            entered = worker.enter_once_heard.remote(0)  # its view: replica 0's window due
+            assert await worker.wait_blocked.remote()
+            async with prof.request(replica=0) as own:  # opens and starts the window
+                assert own.captured
+            went, gated, captured = await entered
+        await worker.close.remote()
+    assert (went, gated, captured) == (True, False, True)
+    assert_windows(prof.manifest, [{"step": 1, "state": "done", "requests.admitted": 2}])
 
 
 def test_a_synchronous_driver_shares_a_blocking_profiler(make_config: MakeConfig) -> None:
