@@ -117,14 +117,17 @@ class Recorder:
         self._events: list[Event] = []
         self.room = 0
         """How many events the recorder may hold before it calls ``on_full``."""
-        self._open: dict[Span | Request, None] = {}
+        # A set, not an ordered dict: a dict whose one key comes and goes is rebuilt every
+        # few requests (its deleted slots fill it up).
+        self._open: set[Span | Request] = set()
         self.dropped = 0
         """Events that found no room, even after ``on_full``, over the recorder's life."""
 
     @property
     def open(self) -> list[Span | Request]:
-        """The spans and requests begun and not ended yet, in the order begun (a new list)."""
-        return list(self._open)
+        """The spans and requests begun and not ended yet, in the order begun (a new list;
+        here, by their begin times)."""
+        return sorted(self._open, key=_begun)
 
     @property
     def count(self) -> int:
@@ -177,7 +180,7 @@ class Span:
 
     def __enter__(self) -> Span:
         self._begin = now_ns()
-        self._recorder._open[self] = None
+        self._recorder._open.add(self)
         return self
 
     def __exit__(
@@ -207,7 +210,7 @@ class Span:
         end = index(end)
         recorder = self._recorder
         try:
-            del recorder._open[self]
+            recorder._open.remove(self)
         except KeyError:  # ended already, or never begun
             return
         keys, values = _plain_all(self._keys), _plain_all(self._values)
@@ -409,7 +412,7 @@ class Request:
         if not gate.first_ns:
             gate.first_ns = self._begin
         if self._recorder is not None:
-            self._recorder._open[self] = None
+            self._recorder._open.add(self)
         if gate.live:
             replica = self._replica
             tally = gate.active.get(replica) if gate.active and type(replica) is int else None
@@ -458,7 +461,7 @@ class Request:
         if recorder is None:
             return
         try:
-            del recorder._open[self]
+            recorder._open.remove(self)
         except KeyError:  # ended already, or never begun
             return
         replica, request_id = _plain(self._replica, 1), _plain(self._request_id, 1)
@@ -558,6 +561,10 @@ def _flag(value: object) -> bool:
     if not isinstance(value, bool):
         raise TypeError("attribute value type must be bool")
     return value
+
+
+def _begun(item: Span | Request) -> int:
+    return item._begin
 
 
 def _note(exc_type: type[BaseException] | None) -> str | None:
