@@ -141,13 +141,15 @@ class CatchingWorker(BlockableWorker):
         concurrent.futures.wait(list(self.remote._answers.values()), timeout=LIMIT_S)
         return await _enter_at_once(self.remote.request(replica=replica))
 
-    async def enter_once_heard(self, replica: int) -> tuple[bool, bool, bool]:
-        """Once the view the watch in flight returns is here."""
+    async def enter_once_heard(self, replica: int) -> tuple[tuple[bool, bool, bool], int]:
+        """Once the view the watch in flight returns is here; also how many versions that
+        view is ahead of the one held before."""
         self.blocked.set()
-        heard = self.remote._heard
+        heard, held = self.remote._heard, self.remote._view.version
         assert heard is not None
         concurrent.futures.wait([heard], timeout=LIMIT_S)
-        return await _enter_at_once(self.remote.request(replica=replica))
+        entered = await _enter_at_once(self.remote.request(replica=replica))
+        return entered, self.remote._view.version - held
 
 
 Catching = ray.remote(concurrency_groups={"control": 2})(CatchingWorker)
@@ -359,7 +361,8 @@ async def test_a_request_takes_the_view_ray_delivered_before_the_loop_ran_it(
     make_config: MakeConfig,
 ) -> None:
     """A process whose loop is busy as another opens a window learns it from the view Ray
-    has delivered: its first request to it asks nobody."""
+    has delivered: its first request to it asks nobody. The window opened and started in
+    one turn of the driver's loop: one view says so, not one for each move."""
     target = RecordingTarget("replica_0", replica=0)
     cfg = make_config(
         global_profiler={"steps": [1]}, rollout={"forward_steps": None}, timeouts={"connect_s": 30}
@@ -373,9 +376,9 @@ async def test_a_request_takes_the_view_ray_delivered_before_the_loop_ran_it(
             assert await worker.wait_blocked.remote()
             async with prof.request(replica=0) as own:  # opens and starts the window
                 assert own.captured
-            went, gated, captured = await entered
+            (went, gated, captured), ahead = await entered
         await worker.close.remote()
-    assert (went, gated, captured) == (True, False, True)
+    assert (went, gated, captured, ahead) == (True, False, True, 1)
     assert_windows(prof.manifest, [{"step": 1, "state": "done", "requests.admitted": 2}])
 
 
