@@ -4,7 +4,8 @@
    with a bare ``async with`` of an empty async context manager and an OpenTelemetry SDK span,
    in a global step that is not profiled (timeline off and on) and in a profiled step while the
    replica's window is active. Each variant runs ``--calls`` times per round, rounds
-   interleaved, the timeline written between variants; the best round of each is reported.
+   interleaved, the timeline written between variants; the best round of each is reported,
+   and its ratio to the bare ``async with`` of the same round, median over the rounds.
 2. Event loop: ``--loops`` concurrent stand-in agent loops of ``--turns`` turns, each turn a
    ``prof.span`` and a ``prof.request`` around a reply that only yields to the loop, over
    ``--steps`` global steps; wall time with aprof (timeline off and on, steps unprofiled and
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -67,7 +69,9 @@ def config(save: str, *, timeline: bool, buffer: int, steps: object) -> dict[str
 # -- 1. per call ------------------------------------------------------------------------------
 
 
-async def measure_calls(calls: int, rounds: int) -> dict[str, float]:
+async def measure_calls(calls: int, rounds: int) -> tuple[dict[str, float], dict[str, float]]:
+    """ns per call of each variant, best of ``rounds``; and each variant's median over the
+    rounds of its time against the bare ``async with`` of the same round."""
     tracer = TracerProvider().get_tracer("bench")
     with tempfile.TemporaryDirectory() as out:
         aprof.configure_logging(level="warning")
@@ -139,15 +143,21 @@ async def measure_calls(calls: int, rounds: int) -> dict[str, float]:
                 "`prof.span`": unprofiled_span,
                 "OpenTelemetry SDK span": otel,
             }
-            best = dict.fromkeys(variants, float("inf"))
+            seen: dict[str, list[float]] = {name: [] for name in variants}
             for _ in range(rounds):
                 for name, run in variants.items():
                     began = time.perf_counter_ns()
                     await run()
-                    best[name] = min(best[name], (time.perf_counter_ns() - began) / calls)
+                    seen[name].append((time.perf_counter_ns() - began) / calls)
                     await on.flush()  # not timed: the writer thread is idle again
             assert on.manifest.timeline[0].dropped == 0
-    return best
+    bare = seen["bare `async with`"]
+    best = {name: min(ns) for name, ns in seen.items()}
+    ratio = {
+        name: statistics.median(n / b for n, b in zip(ns, bare, strict=True))
+        for name, ns in seen.items()
+    }
+    return best, ratio
 
 
 # -- 2. the event loop ------------------------------------------------------------------------
@@ -267,16 +277,17 @@ async def measure_loops(loops: int, turns: int, steps: int, rounds: int) -> dict
 
 
 def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    """Both parts' results in this process: ``calls`` (ns per call), ``loops`` (seconds)."""
-    calls = asyncio.run(measure_calls(args.calls, args.rounds))
+    """Both parts' results in this process: ``calls`` (ns per call), ``ratios`` (per call,
+    against the bare ``async with``, median of the rounds), ``loops`` (seconds)."""
+    calls, ratios = asyncio.run(measure_calls(args.calls, args.rounds))
     loops = asyncio.run(measure_loops(args.loops, args.turns, args.steps, args.rounds))
-    return {"calls": calls, "loops": loops}
+    return {"calls": calls, "ratios": ratios, "loops": loops}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=200_000)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--loops", type=int, default=10_000)
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--steps", type=int, default=3)
@@ -288,8 +299,11 @@ def main() -> None:
         return
     names = [backends.NAMES[backend] for backend in results]
 
-    print(f"Per call, best of {args.rounds} rounds of {args.calls} calls\n")
-    columns = ("ns per call", "vs bare", "OpenTelemetry / this")
+    print(
+        f"Per call, best of {args.rounds} rounds of {args.calls} calls; vs bare also as the "
+        "median over the rounds of each round's own ratio\n"
+    )
+    columns = ("ns per call", "vs bare", "vs bare, median", "OpenTelemetry / this")
     print("| variant | " + " | ".join(f"{c} ({n})" for n in names for c in columns) + " |")
     print("|---|" + "---:|" * len(columns) * len(names))
     for name in next(iter(results.values()))["calls"]:
@@ -298,7 +312,8 @@ def main() -> None:
             best = result["calls"]
             ns, bare = best[name], best["bare `async with`"]
             otel = best["OpenTelemetry SDK span"]
-            cells += [f"{ns:.0f}", f"{ns / bare:.2f}x", f"{otel / ns:.1f}x"]
+            median = result["ratios"][name]
+            cells += [f"{ns:.0f}", f"{ns / bare:.2f}x", f"{median:.2f}x", f"{otel / ns:.1f}x"]
         print(f"| {name} | " + " | ".join(cells) + " |")
 
     print(
