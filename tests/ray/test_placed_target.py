@@ -27,7 +27,13 @@ async def test_a_placed_target_captures_on_its_node_and_reports_its_files(
     here = ray.get_runtime_context().get_node_id()
     target = aprof.ray.placed(RecordingTarget("replica_0", replica=0), here)
     assert (target.name, target.kind, target.replica) == ("replica_0", "rollout", 0)
-    cfg = make_config(global_profiler={"steps": [1]}, rollout={"forward_steps": None})
+    cfg = make_config(
+        global_profiler={"steps": [1]},
+        rollout={"forward_steps": None},
+        # Bounds, not waits: the target's actor (and the hub) start in a fresh Ray worker
+        # process, which on a busy machine takes seconds.
+        timeouts={"start_s": 60, "connect_s": 30},
+    )
     async with asyncio.timeout(LIMIT_S):
         async with aprof.Profiler(cfg) as prof:
             prof.add_target(target)
@@ -55,7 +61,13 @@ async def test_a_placed_target_whose_start_fails_fails_its_window(
 ) -> None:
     here = ray.get_runtime_context().get_node_id()
     target = aprof.ray.placed(RecordingTarget("replica_0", replica=0, fail_start=True), here)
-    cfg = make_config(global_profiler={"steps": [1]}, rollout={"forward_steps": None})
+    cfg = make_config(
+        global_profiler={"steps": [1]},
+        rollout={"forward_steps": None},
+        # Bounds, not waits: the target's actor (and the hub) start in a fresh Ray worker
+        # process, which on a busy machine takes seconds.
+        timeouts={"start_s": 60, "connect_s": 30},
+    )
     async with asyncio.timeout(LIMIT_S):
         async with aprof.Profiler(cfg) as prof:
             prof.add_target(target)
