@@ -9,7 +9,7 @@ import contextlib
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from aprof._config import ProfilerConfig, load_config
 from aprof._control import CaptureAnswer, CaptureRequest
@@ -305,11 +305,11 @@ class RemoteProfiler(Recording):
         the ask for ``key``, a newer view. Whether either changed what this process knows."""
         news = False
         heard = self._heard
-        if heard is not None and heard.done() and not heard.cancelled() and not heard.exception():
+        if _delivered(heard):
             self._heard = None  # the watch applies it again as it resumes: a no-op then
             news = self._apply(heard.result())
         sent = self._answers.get(key)
-        if sent is not None and sent.done() and not sent.cancelled() and not sent.exception():
+        if _delivered(sent):
             answer, version = sent.result()
             news = self._settle(key, answer, version) or news
         return news
@@ -451,6 +451,15 @@ class RemoteProfiler(Recording):
             view = self._view
             self._view = RolloutView(view.version, view.step, False, {})
             self._gate.live = False
+
+
+def _delivered(
+    future: concurrent.futures.Future[Any] | None,
+) -> TypeGuard[concurrent.futures.Future[Any]]:
+    """Whether Ray has delivered ``future``'s result (a failure is the awaiting task's)."""
+    return (
+        future is not None and future.done() and not future.cancelled() and not future.exception()
+    )
 
 
 def _end_if_cancelled(req: Request) -> Callable[[asyncio.Future[Request]], None]:
