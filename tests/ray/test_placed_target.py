@@ -21,19 +21,24 @@ MakeConfig = Callable[..., aprof.ProfilerConfig]
 LIMIT_S = 120
 
 
-async def test_a_placed_target_captures_on_its_node_and_reports_its_files(
-    make_config: MakeConfig,
-) -> None:
-    here = ray.get_runtime_context().get_node_id()
-    target = aprof.ray.placed(RecordingTarget("replica_0", replica=0), here)
-    assert (target.name, target.kind, target.replica) == ("replica_0", "rollout", 0)
-    cfg = make_config(
+@pytest.fixture
+def cfg(make_config: MakeConfig) -> aprof.ProfilerConfig:
+    """Step 1 profiled, its window open until the step ends."""
+    return make_config(
         global_profiler={"steps": [1]},
         rollout={"forward_steps": None},
         # Bounds, not waits: the target's actor (and the hub) start in a fresh Ray worker
         # process, which on a busy machine takes seconds.
         timeouts={"start_s": 60, "connect_s": 30},
     )
+
+
+async def test_a_placed_target_captures_on_its_node_and_reports_its_files(
+    cfg: aprof.ProfilerConfig,
+) -> None:
+    here = ray.get_runtime_context().get_node_id()
+    target = aprof.ray.placed(RecordingTarget("replica_0", replica=0), here)
+    assert (target.name, target.kind, target.replica) == ("replica_0", "rollout", 0)
     async with asyncio.timeout(LIMIT_S):
         async with aprof.Profiler(cfg) as prof:
             prof.add_target(target)
@@ -57,17 +62,10 @@ async def test_a_placed_target_captures_on_its_node_and_reports_its_files(
 
 
 async def test_a_placed_target_whose_start_fails_fails_its_window(
-    make_config: MakeConfig,
+    cfg: aprof.ProfilerConfig,
 ) -> None:
     here = ray.get_runtime_context().get_node_id()
     target = aprof.ray.placed(RecordingTarget("replica_0", replica=0, fail_start=True), here)
-    cfg = make_config(
-        global_profiler={"steps": [1]},
-        rollout={"forward_steps": None},
-        # Bounds, not waits: the target's actor (and the hub) start in a fresh Ray worker
-        # process, which on a busy machine takes seconds.
-        timeouts={"start_s": 60, "connect_s": 30},
-    )
     async with asyncio.timeout(LIMIT_S):
         async with aprof.Profiler(cfg) as prof:
             prof.add_target(target)
